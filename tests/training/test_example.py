@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+import flame_core as flame
 from flame_core import io
 
 from .conftest import draw_images, make_samples
@@ -125,7 +126,7 @@ def test_a_real_run_resumes_by_itself_and_deletes_nothing_without_fresh(example,
 
 
 @pytest.mark.parametrize("name", ["flux_dev_24gb.yaml", "flux_dev_12gib.yaml", "flux_dev_10gib.yaml",
-                                  "flux_dev_full_finetune_24gb.yaml"])
+                                  "flux_dev_full_finetune_24gb.yaml", "flux_schnell_24gb.yaml"])
 def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, tiny_model, name):
     from flame_models.training.config import read_yaml
     path = os.path.join(os.path.dirname(EXAMPLE), "configs", name)
@@ -145,6 +146,8 @@ def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, ti
     else:
         m["name_or_path"] = tiny_model
     m.update(dtype="fp32", t5_max_length=8)
+    if "assistant_lora_path" in m:                                    # a training adapter for the tiny transformer
+        m["assistant_lora_path"] = _tiny_adapter(tiny_model, tmp_path / "adapter.safetensors")
     proc["datasets"][0].update(folder_path=draw_images(tmp_path / "images", 2, 2), resolution=64,
                                bucket_tolerance=32)
     proc["train"].update(steps=2, dtype="fp32")
@@ -164,6 +167,20 @@ def test_the_shipped_configs_parse_and_run_on_a_tiny_model(example, tmp_path, ti
     last = len(proc["sample"]["prompts"]) - 1
     assert (run / "samples" / f"step_000002_{last}.png").exists()    # every prompt, decoded
     assert (tmp_path / "images" / ".flame_cache" / "latents").is_dir()
+
+
+def _tiny_adapter(tiny_model, path):
+    """A diffusers-named LoRA (the training adapter's layout) with random values on the tiny transformer."""
+    import flame_nn.adapters as A
+    from flame_models.flux import load_flux
+    m = load_flux(os.path.join(tiny_model, "transformer"), device="cpu")
+    A.inject_adapters(m, [n for n, _ in m.named_modules() if n.endswith(("attn.qkv", "attn.proj", "linear1"))],
+                      rank=4, alpha=4)
+    g = np.random.default_rng(0)
+    for p in A.adapter_parameters(m):
+        p.data = flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * 0.02)
+    A.save_adapters(m, str(path), "peft")
+    return str(path)
 
 
 def test_the_example_under_the_launcher_on_two_ranks_writes_and_reports_once(tmp_path, tiny_model):
