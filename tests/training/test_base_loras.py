@@ -29,7 +29,7 @@ def _lora(path, base_file, kind="lora", fmt="kohya", seed=0, scale=0.1, modules=
     A.inject_adapters(m, modules, kind=kind, rank=4, alpha=2)
     g = np.random.default_rng(seed)
     for p in A.adapter_parameters(m):
-        p.data = flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * scale)
+        p.data = flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * scale, device="cpu")
     A.save_adapters(m, str(path), fmt)
     return str(path)
 
@@ -124,8 +124,8 @@ def _capture_previews(monkeypatch, x, modules=ADAPTED):
 
 def _inputs(model, seed=3):
     g = np.random.default_rng(seed)
-    return {n: flame.tensor(g.standard_normal((2, model.get_submodule(n).weight.shape[1])).astype(np.float32))
-            for n in ADAPTED}
+    return {n: flame.tensor(g.standard_normal((2, model.get_submodule(n).weight.shape[1])).astype(np.float32),
+                         device="cpu") for n in ADAPTED}
 
 
 def test_the_assistant_trains_merged_and_is_taken_out_of_previews(tmp_path, flux_file, monkeypatch):

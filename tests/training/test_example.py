@@ -178,7 +178,7 @@ def _tiny_adapter(tiny_model, path):
                       rank=4, alpha=4)
     g = np.random.default_rng(0)
     for p in A.adapter_parameters(m):
-        p.data = flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * 0.02)
+        p.data = flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * 0.02, device="cpu")
     A.save_adapters(m, str(path), "peft")
     return str(path)
 

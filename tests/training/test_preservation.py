@@ -48,7 +48,7 @@ def _random_adapters(model, seed=0):
     g = np.random.default_rng(seed)
     with no_grad():
         for p in A.adapter_parameters(model):
-            p.copy_(flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * 0.05))
+            p.copy_(flame.tensor(g.standard_normal(tuple(p.shape)).astype(np.float32) * 0.05, device="cpu"))
 
 
 def _grads(tr):
