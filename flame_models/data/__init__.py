@@ -12,7 +12,7 @@ The trainer drives it in three stages, so that only one model is in memory at a 
 """
 from .buckets import MAX_ASPECT, Bucket, Placement, closest_bucket, make_buckets, place
 from .cache import LatentCache, TextEmbeddingCache
-from .captions import CaptionRule, apply_trigger, read_caption, shuffle_tags, split_tags
+from .captions import CaptionRule, PreservationPrompt, apply_trigger, read_caption, shuffle_tags, split_tags
 from .config import IMAGE_EXTENSIONS, DatasetConfig, resolutions, validate_dataset_config
 from .dataset import ImageDataset, LatentSpec, Sample
 from .errors import DataError

@@ -62,6 +62,20 @@ def caption_path(image_path, ext):
     return os.path.splitext(image_path)[0] + ext
 
 
+class PreservationPrompt:
+    """The prompt ai-toolkit's output preservation pairs a caption with: the caption with its dataset's trigger word
+    replaced by the class `word` (differential output preservation; a caption without a trigger word as it is), or
+    the empty prompt (blank prompt preservation: word None)."""
+
+    def __init__(self, word=None):
+        self.word = word
+
+    def __call__(self, caption, trigger):
+        if self.word is None:
+            return ""
+        return caption.replace(trigger, self.word) if trigger else caption
+
+
 def apply_trigger(caption, trigger_word, add_if_missing=True):
     """`[trigger]`/`[name]` replaced by the trigger word (removed when there is none); with `add_if_missing`, the
     trigger word is prepended to a caption that does not contain it."""

@@ -321,13 +321,11 @@ class ImageDataset:
                 out[c] = None
         return list(out)
 
-    def preservation_caption(self, caption, i, word):
-        """ai-toolkit's differential output preservation prompt of `caption` (one of sample i's): its dataset's
-        trigger word replaced by the class `word` (the caption as it is without a trigger word)."""
-        trigger = self.rules[self.samples[i].config].trigger
-        return caption.replace(trigger, word) if trigger else caption
+    def preservation_caption(self, caption, i, prompt):
+        """The output-preservation prompt (captions.PreservationPrompt `prompt`) of `caption`, one of sample i's."""
+        return prompt(caption, self.rules[self.samples[i].config].trigger)
 
-    def preservation_prompts(self, epochs, word):
+    def preservation_prompts(self, epochs, prompt):
         """The preservation prompt of every caption the samples can draw in `epochs` (prompts(epochs)), and of each
         dataset's dropout caption, each once."""
         epochs = list(epochs)
@@ -335,7 +333,7 @@ class ImageDataset:
         for i, s in enumerate(self.samples):
             rule = self.rules[s.config]
             for c in [*rule.variants_over(self.base_caption(i), s.caption_key, epochs), rule.dropout_caption]:
-                out[self.preservation_caption(c, i, word)] = None
+                out[self.preservation_caption(c, i, prompt)] = None
         return list(out)
 
     def original_size(self, i):

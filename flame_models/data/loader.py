@@ -9,7 +9,7 @@ embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning
                                    #  "control_latents": (B, C, h, w) when the datasets have control_path,
                                    #  "loss_mask": (B, 1, h, w) float32 when they have masks (masks.py),
                                    #  "is_reg": (B,) bool when they have regularisation images (reg_mix.py),
-                                   #  "preserve:<embedding names>" with diff_output_preservation}
+                                   #  "preserve:<embedding names>" with output preservation}
 """
 import numpy as np
 
@@ -18,15 +18,15 @@ from .sampler import BucketBatchSampler
 from .text_trim import TextTrim
 
 SIZE_KEYS = ("original_size", "crop_coords", "target_size")
-PRESERVATION = "preserve:"   # the prefix of a sample's preservation-prompt embeddings (diff_output_preservation)
+PRESERVATION = "preserve:"   # the prefix of a sample's preservation-prompt embeddings (output preservation)
 
 
 class TrainingDataset:
     """`masks`: the MaskCache when the datasets have masks; `only`: the sample indices this view draws (None: all;
     the regularisation mix draws its training and its regularisation samples through two views); `text_trim`: the
-    run's TextTrim (text_trim.py; planned after the text cache is filled), shared by every view. `preservation`: the
-    class word of ai-toolkit's differential output preservation, or None: each sample then carries its
-    preservation prompt's embeddings too, under PRESERVATION + their names."""
+    run's TextTrim (text_trim.py; planned after the text cache is filled), shared by every view. `preservation`: a
+    captions.PreservationPrompt (ai-toolkit's differential or blank prompt output preservation), or None: each
+    sample then carries its preservation prompt's embeddings too, under PRESERVATION + their names."""
 
     def __init__(self, dataset, latents, texts, masks=None, only=None, text_trim=None, preservation=None):
         self.dataset, self.latents, self.texts, self.masks = dataset, latents, texts, masks
@@ -73,7 +73,7 @@ class TrainingDataset:
         item = self.text_trim.apply(dict(self.texts.load(caption)))   # (the tokens no attention sees cut)
         if "latents" in item:
             raise DataError("encode_prompts returned a key named 'latents', which the batch uses for the VAE latents")
-        if self.preservation is not None:           # (diff_output_preservation: the class prompt's embeddings)
+        if self.preservation is not None:           # (output preservation: the preservation prompt's embeddings)
             kept = self.text_trim.apply(dict(self.texts.load(d.preservation_caption(caption, i, self.preservation))))
             item.update({PRESERVATION + k: v for k, v in kept.items()})
         item["latents"] = self.latents.load(d.latent_spec(i))

@@ -175,6 +175,8 @@ class TrainSection:
     diff_output_preservation: bool = False
     diff_output_preservation_multiplier: float = 1.0   # the preservation loss's weight
     diff_output_preservation_class: typing.Optional[str] = None   # the class word, e.g. "person"
+    blank_prompt_preservation: bool = False   # ai-toolkit's: the same with the empty prompt (not with the above)
+    blank_prompt_preservation_multiplier: float = 1.0
     seed: int = 42
     skip_first_sample: bool = False
     force_first_sample: bool = False     # ai-toolkit's: a resumed run samples before its first step too

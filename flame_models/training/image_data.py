@@ -34,7 +34,7 @@ from ..data import (
     split_records,
 )
 from ..data.buckets import Bucket, place
-from ..data.captions import apply_trigger
+from ..data.captions import PreservationPrompt, apply_trigger
 from ..data.config import CACHE_FOLDER, resolutions
 from ..data.dataset import LatentSpec
 from ..data.images import probe_image
@@ -46,6 +46,13 @@ from .samples import PreviewPrompt
 from .text_training import CaptionTokens
 
 PREVIEW_TILE = 512  # pixels: previews are decoded in tiles of this size under max_gpu_memory
+
+
+def preservation_prompt(train):
+    """The captions.PreservationPrompt of the run's output preservation, or None without it."""
+    if train.diff_output_preservation:
+        return PreservationPrompt(train.diff_output_preservation_class)
+    return PreservationPrompt(None) if train.blank_prompt_preservation else None
 
 
 def image_dataset(cfg, verbose=True):
@@ -176,9 +183,10 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         texts = CaptionTokens(None) if train_te else TextEmbeddingCache(text_cache_folder(c),
                                                                         fam.text_encoder_id(c.model, dev, budget))
         masks = MaskCache(fam.vae_scale_factor) if dataset.has_masks else None
-        # train.diff_output_preservation: every caption's preservation prompt (its trigger word -> the class word)
-        word = c.train.diff_output_preservation_class if c.train.diff_output_preservation else None
-        data = TrainingDataset(dataset, latents, texts, masks, preservation=word)
+        # train.diff_output_preservation / blank_prompt_preservation: every caption's preservation prompt (its
+        # trigger word -> the class word; or the empty prompt)
+        prompt = preservation_prompt(c.train)
+        data = TrainingDataset(dataset, latents, texts, masks, preservation=prompt)
         trim = data.text_trim                    # planned once the text cache is filled (below); views share it
         shuffle = all(d.shuffle for d in c.datasets)
         loader = (RegMixLoader.build(data, c.train.batch_size, shuffle, c.train.seed, c.train.reg_ratio)
@@ -186,8 +194,8 @@ def prepare(cfg, family, dataset, previews_on, *, device, budget, meter, log, ve
         loader = shard_loader(loader)  # ddp: global batches of batch_size x ranks (more epochs per run)
         epochs = range(loader.sampler.epochs_needed(c.train.steps * c.train.gradient_accumulation_steps))
         captions = dataset.prompts(epochs) + [r.dropout_caption for r in dataset.rules]
-        if word is not None:
-            captions += dataset.preservation_prompts(epochs, word)
+        if prompt is not None:
+            captions += dataset.preservation_prompts(epochs, prompt)
         if validation is not None:
             captions += validation.prompts([0])
     else:

@@ -1,13 +1,15 @@
-"""ai-toolkit's differential output preservation (`train.diff_output_preservation`): the adapters learn the trigger
-word without changing what the model makes of the class it stands for.
+"""ai-toolkit's output preservation: with `train.diff_output_preservation` the adapters learn the trigger word without
+changing what the model makes of the class it stands for; with `train.blank_prompt_preservation`, without changing
+what it makes of the empty prompt.
 
-Each sample also carries its preservation prompt: the caption it draws, with its dataset's trigger word replaced by
-`train.diff_output_preservation_class` ("photo of ohwx, smiling" -> "photo of person, smiling"; data.loader's
-PRESERVATION keys, encoded and cached with the captions). Per micro-batch, on the same noisy latents and timesteps:
+Each sample also carries its preservation prompt (data.captions.PreservationPrompt; data.loader's PRESERVATION keys,
+encoded and cached with the captions): the caption it draws with its dataset's trigger word replaced by
+`train.diff_output_preservation_class` ("photo of ohwx, smiling" -> "photo of person, smiling"), or the empty
+prompt. Per micro-batch, on the same noisy latents and timesteps:
 
     prior = model(x_t, t, preservation prompt), the adapters switched off, without gradients
     loss  = the run's loss of model(x_t, t, caption)
-          + multiplier · mean((model(x_t, t, preservation prompt) − prior)²)
+          + multiplier · mean((model(x_t, t, preservation prompt) − prior)²)    (the kind's multiplier)
 
 as ai-toolkit's SDTrainer computes it: the preservation term is a plain MSE over every element, whatever the loss
 type, timestep weighting, masks or regularisation weights of the main term. The two terms' backward passes run one
@@ -21,6 +23,17 @@ import flame_nn.functional as F
 from flame_nn import adapters as A
 
 from ..data.loader import PRESERVATION
+
+
+def enabled(train):
+    """Whether the run (its train section) preserves outputs: differential or blank prompt preservation."""
+    return bool(train.diff_output_preservation or train.blank_prompt_preservation)
+
+
+def multiplier(train):
+    """The preservation term's weight: the multiplier of the kind the run uses."""
+    return (train.diff_output_preservation_multiplier if train.diff_output_preservation
+            else train.blank_prompt_preservation_multiplier)
 
 
 def without(batch):

@@ -424,7 +424,7 @@ class Trainer:
         use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda",
                                     " and ".join(drops) or None,
                                     layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer),
-                                    streamed_prior=t.diff_output_preservation and self.budget is not None)
+                                    streamed_prior=preservation.enabled(t) and self.budget is not None)
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
@@ -683,7 +683,7 @@ class Trainer:
         if kept is not None:   # the class prompts' prediction held to the prior (its own backward: the grads add up)
             with self._autocast():
                 kept_pred = self.family.forward(self.model, x_t, t, kept)
-            kept_loss = preservation.loss(kept_pred, prior, self.cfg.train.diff_output_preservation_multiplier)
+            kept_loss = preservation.loss(kept_pred, prior, preservation.multiplier(self.cfg.train))
             (kept_loss * scale).backward() if scale != 1.0 else kept_loss.backward()
             loss = loss.detach() + kept_loss.detach()
         self.guard.watch_loss(loss)  # a device flag (captured with the step), read at the next check

@@ -350,37 +350,43 @@ def validate(cfg, prefix="", check_files=True):
 
 
 def _preservation_problems(cfg, p):
-    """train.diff_output_preservation (ai-toolkit's): a class word, a trigger word in every caption to replace by it
-    (the run's or each dataset's), image folders, the adapters (switched off for the prior prediction) and the text
-    embeddings cached (trained text encoders would change the class prompt's embedding too, as ai-toolkit refuses);
-    its multiplier and class only with it."""
+    """train.diff_output_preservation / blank_prompt_preservation (ai-toolkit's, one of them): image folders (the
+    preservation prompts are encoded with the captions), the adapters (switched off for the prior prediction) and
+    the text embeddings cached (trained text encoders would change the preservation prompt's embedding too, as
+    ai-toolkit refuses for the first); the differential one a class word and a trigger word in every caption to
+    replace by it (the run's or each dataset's); each one's multiplier (and class) only with it."""
     e, t = [], cfg.train
-    mult, cls = t.diff_output_preservation_multiplier, t.diff_output_preservation_class
-    if not t.diff_output_preservation:
-        for k in ("diff_output_preservation_multiplier", "diff_output_preservation_class"):
-            if f"train.{k}" in cfg.given:
-                e.append(f"{p}train.{k}: only used with train.diff_output_preservation: true")
-        return e
-    if not mult >= 0:
-        e.append(f"{p}train.diff_output_preservation_multiplier: the preservation loss's weight, >= 0, got {mult}")
-    if not isinstance(cls, str) or not cls.strip():
-        e.append(f"{p}train.diff_output_preservation_class: the class word that replaces the trigger word in the "
-                 f"preservation prompts (e.g. person), got {cls!r}")
-    if not cfg.datasets:
-        e.append(f"{p}train.diff_output_preservation: needs image folders with captions (the preservation prompt "
-                 f"is each caption with its trigger word replaced)")
-    elif cfg.trigger_word is None and any(d.trigger_word is None for d in cfg.datasets):
-        e.append(f"{p}train.diff_output_preservation: needs a trigger word (trigger_word, or each dataset's "
-                 f"trigger_word): the preservation prompt is each caption with it replaced by the class word")
-    elif isinstance(cls, str) and cls.strip() and cls.strip() in {cfg.trigger_word, *(d.trigger_word
-                                                                                      for d in cfg.datasets)}:
-        e.append(f"{p}train.diff_output_preservation_class: {cls!r} is the trigger word itself")
-    if t.train_text_encoder:
-        e.append(f"{p}train.diff_output_preservation: not with train.train_text_encoder (the class prompt's "
-                 f"embedding would train too; ai-toolkit refuses it as well)")
-    if cfg.network.type == "full":
-        e.append(f"{p}train.diff_output_preservation: the prior prediction is the model without its adapters; a "
-                 f"full fine-tune trains the weights themselves")
+    for kind, extra in (("diff_output", ("multiplier", "class")), ("blank_prompt", ("multiplier",))):
+        if not getattr(t, f"{kind}_preservation"):
+            for k in extra:
+                if f"train.{kind}_preservation_{k}" in cfg.given:
+                    e.append(f"{p}train.{kind}_preservation_{k}: only used with train.{kind}_preservation: true")
+            continue
+        setting = f"{p}train.{kind}_preservation"
+        mult = getattr(t, f"{kind}_preservation_multiplier")
+        if not mult >= 0:
+            e.append(f"{setting}_multiplier: the preservation loss's weight, >= 0, got {mult}")
+        if not cfg.datasets:
+            e.append(f"{setting}: needs image folders with captions (the preservation prompts are encoded with them)")
+        if t.train_text_encoder:
+            e.append(f"{setting}: not with train.train_text_encoder (the preservation prompt's embedding would train "
+                     f"too)")
+        if cfg.network.type == "full":
+            e.append(f"{setting}: the prior prediction is the model without its adapters; a full fine-tune trains "
+                     f"the weights themselves")
+    if t.diff_output_preservation and t.blank_prompt_preservation:
+        e.append(f"{p}train.blank_prompt_preservation: give one of it and train.diff_output_preservation (each holds "
+                 f"the model's prediction for its own prompt)")
+    cls = t.diff_output_preservation_class
+    if t.diff_output_preservation:
+        if not isinstance(cls, str) or not cls.strip():
+            e.append(f"{p}train.diff_output_preservation_class: the class word that replaces the trigger word in the "
+                     f"preservation prompts (e.g. person), got {cls!r}")
+        elif cfg.datasets and cfg.trigger_word is None and any(d.trigger_word is None for d in cfg.datasets):
+            e.append(f"{p}train.diff_output_preservation: needs a trigger word (trigger_word, or each dataset's "
+                     f"trigger_word): the preservation prompt is each caption with it replaced by the class word")
+        elif cls.strip() in {cfg.trigger_word, *(d.trigger_word for d in cfg.datasets)}:
+            e.append(f"{p}train.diff_output_preservation_class: {cls!r} is the trigger word itself")
     return e
 
 

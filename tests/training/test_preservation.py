@@ -1,7 +1,8 @@
-"""ai-toolkit's differential output preservation (train.diff_output_preservation): each sample carries its caption
-with the trigger word replaced by the class word, encoded with the captions; a step's loss is the run's loss plus
-multiplier x the MSE between the class prompt's prediction and the adapter-free model's; training with it keeps the
-class prompt's prediction nearer the base model's; every mistake is named before anything loads (tiny Flux, cpu)."""
+"""ai-toolkit's output preservation (train.diff_output_preservation, blank_prompt_preservation): each sample carries
+its caption with the trigger word replaced by the class word (or the empty prompt), encoded with the captions; a
+step's loss is the run's loss plus multiplier x the MSE between that prompt's prediction and the adapter-free model's;
+training with it keeps the class prompt's prediction nearer the base model's; every mistake is named before anything
+loads (tiny Flux, cpu)."""
 import copy
 
 import numpy as np
@@ -20,6 +21,7 @@ from .conftest import draw_images, image_config
 from .test_ai_toolkit_ui_config import ui_job
 
 DOP = {"diff_output_preservation": True, "diff_output_preservation_class": "person"}
+BLANK = {"blank_prompt_preservation": True}
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +33,14 @@ def _trainer(tmp_path, images, tiny_model, name, steps=4, **train):
     return Trainer(image_config(tmp_path, name, tiny_model, images, steps=steps, train=train), verbose=False)
 
 
-def test_each_sample_carries_its_class_prompts_embeddings(tmp_path, images, tiny_model):
-    tr = _trainer(tmp_path, images, tiny_model, "carry", **DOP).setup()
-    data = tr.loader.dataset if hasattr(tr.loader, "dataset") else tr.prepared.loader.dataset
+@pytest.mark.parametrize("kind", ["class", "blank"])
+def test_each_sample_carries_its_preservation_prompts_embeddings(tmp_path, images, tiny_model, kind):
+    tr = _trainer(tmp_path, images, tiny_model, f"carry{kind}", **(DOP if kind == "class" else BLANK)).setup()
+    data = tr.loader.dataset
     batch = tr.loader.next_batch()
     for b, caption in enumerate(batch["captions"]):
         assert "ohwx" in caption
-        want = data.texts.load(caption.replace("ohwx", "person"))
+        want = data.texts.load(caption.replace("ohwx", "person") if kind == "class" else "")
         for k, v in want.items():
             np.testing.assert_array_equal(batch[PRESERVATION + k][b], v, err_msg=k)
         for k, v in data.texts.load(caption).items():
@@ -55,13 +58,13 @@ def _grads(tr):
     return [p.grad.numpy().copy() for p in tr.params]
 
 
-@pytest.mark.parametrize("multiplier", [0.0, 2.5])
-def test_the_step_adds_the_class_prompts_mse_against_the_adapter_free_model(tmp_path, images, tiny_model,
-                                                                             multiplier):
+@pytest.mark.parametrize("kind, multiplier", [("diff_output", 0.0), ("diff_output", 2.5), ("blank_prompt", 1.5)])
+def test_the_step_adds_the_preservation_mse_against_the_adapter_free_model(tmp_path, images, tiny_model, kind,
+                                                                            multiplier):
     """On one micro-batch: the loss and the gradients are the run's (the same batch, noise and timesteps without
-    preservation) plus multiplier x mse(model(class prompt), model without adapters(class prompt))'s."""
-    tr = _trainer(tmp_path, images, tiny_model, f"step{multiplier}", **DOP,
-                  diff_output_preservation_multiplier=multiplier).setup()
+    preservation) plus multiplier x mse(model(preservation prompt), model without adapters(preservation prompt))'s."""
+    tr = _trainer(tmp_path, images, tiny_model, f"step{kind}{multiplier}", **(DOP if kind == "diff_output" else BLANK),
+                  **{f"{kind}_preservation_multiplier": multiplier}).setup()
     _random_adapters(tr.model)
     args, _ = tr._prepare(tr.loader.next_batch())
     loss = float(tr._forward_backward(*args))
@@ -119,7 +122,7 @@ def test_training_with_it_keeps_the_class_prompt_nearer_the_base_model(tmp_path,
 def test_eager_and_graph_decisions(tmp_path, images, tiny_model):
     from flame_models.training.graphs import graph_plan
     assert graph_plan(1, 1 << 33, True, True, streamed_prior=True)[0] is False
-    assert "diff_output_preservation under max_gpu_memory" in graph_plan(1, 1 << 33, True, True,
+    assert "output preservation under max_gpu_memory" in graph_plan(1, 1 << 33, True, True,
                                                                          streamed_prior=True)[1]
     assert graph_plan(1, None, True, True, streamed_prior=False) == (True, None)
 
@@ -132,6 +135,10 @@ def test_eager_and_graph_decisions(tmp_path, images, tiny_model):
     ({**DOP, "train_text_encoder": True}, {}, r"not with train.train_text_encoder"),
     ({"diff_output_preservation_class": "person"}, {},
      r"train.diff_output_preservation_class: only used with train.diff_output_preservation: true"),
+    ({"blank_prompt_preservation_multiplier": 2.0}, {},
+     r"train.blank_prompt_preservation_multiplier: only used with train.blank_prompt_preservation: true"),
+    ({**DOP, **BLANK}, {}, r"train.blank_prompt_preservation: give one of it and train.diff_output_preservation"),
+    ({**BLANK, "train_text_encoder": True}, {}, r"train.blank_prompt_preservation: not with train.train_text_encoder"),
 ])
 def test_config_mistakes_are_named(tmp_path, images, tiny_model, train, top, words):
     with pytest.raises(ConfigError, match=words):
@@ -162,3 +169,9 @@ def test_an_ai_toolkit_ui_job_with_it_trains(tmp_path, tiny_model):
     cfg = config_from_dict(on)
     assert cfg.train.diff_output_preservation_class == "person"
     assert np.isfinite(Trainer(cfg, verbose=False).train()["losses"]).all()
+    blank = copy.deepcopy(job)   # its other checkbox: blank prompt preservation (no trigger word needed)
+    blank["config"]["process"][0]["name"] = "blank"
+    blank["config"]["process"][0]["train"].update(blank_prompt_preservation=True,
+                                                  blank_prompt_preservation_multiplier=1.0)
+    cfg = config_from_dict(blank)
+    assert cfg.train.blank_prompt_preservation and np.isfinite(Trainer(cfg, verbose=False).train()["losses"]).all()
