@@ -631,7 +631,7 @@ class Trainer:
         timesteps drawn. Returns the argument tuple of `_forward_backward` (fixed shapes for a fixed batch shape)
         and the timesteps."""
         x0, cond = self.family.training_inputs(self.model, preservation.without(batch), self.device, self.cfg.train)
-        kept = preservation.prompt_batch(batch)   # train.diff_output_preservation: the class prompts' conditioning
+        kept = preservation.prompt_batch(batch)   # output preservation: the preservation prompts' conditioning
         if kept is not None:
             cond.update(preservation.tagged(self.family.training_inputs(self.model, kept, self.device,
                                                                         self.cfg.train)[1]))
@@ -668,9 +668,9 @@ class Trainer:
         if self.cfg.train.ip_noise_gamma:
             seen, cond = cond[0], cond[1:]
         cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
-        cond, kept = preservation.split(cond)   # kept: train.diff_output_preservation's class prompts, or None
+        cond, kept = preservation.split(cond)   # kept: the output-preservation prompts' conditioning, or None
         x_t = self.objective.noisy(x0, seen, t)
-        if kept is not None:   # the prior: the model without its adapters on the class prompts
+        if kept is not None:   # the prior: the model without its adapters on the preservation prompts
             with self._autocast(), no_grad(), preservation.adapters_off(self.model):
                 prior = self.family.forward(self.model, x_t, t, kept)
         with self._autocast():
@@ -680,7 +680,7 @@ class Trainer:
         loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
-        if kept is not None:   # the class prompts' prediction held to the prior (its own backward: the grads add up)
+        if kept is not None:   # their prediction held to the prior (its own backward: the gradients add up)
             with self._autocast():
                 kept_pred = self.family.forward(self.model, x_t, t, kept)
             kept_loss = preservation.loss(kept_pred, prior, preservation.multiplier(self.cfg.train))
