@@ -317,3 +317,34 @@ def test_an_sdxl_locon_file_merges_into_convolutions_and_linears(tmp_path):
         assert np.abs(want - w0).max() > 0, n
         np.testing.assert_allclose(tr.model.get_submodule(n).weight.detach().numpy(), want, rtol=1e-5, atol=1e-6,
                                    err_msg=n)
+
+
+def test_the_merger_sums_weighted_changes_against_the_base_weight():
+    """MergedLoRAs on its own: two files on one weight (a LoRA on some rows at 0.5, a DoRA on all at -1.5), each
+    change taken against the base W and summed (float64 reference); a float32 weight on the merge's device is not
+    written in place; a bfloat16 one comes back rounded once."""
+    from flame_models.pipeline.merged_loras import MergedLoRAs
+    g = np.random.default_rng(1)
+    lora = A.formats.AdapterPart("lora", {"lora_down.weight": g.standard_normal((3, 10)).astype(np.float32),
+                                          "lora_up.weight": g.standard_normal((4, 3)).astype(np.float32)},
+                                 alpha=1.5, rows=(2, 6))
+    dora = A.formats.AdapterPart("dora", {"lora_down.weight": g.standard_normal((2, 10)).astype(np.float32),
+                                          "lora_up.weight": g.standard_normal((8, 2)).astype(np.float32),
+                                          "dora_scale": np.abs(g.standard_normal((8, 1))).astype(np.float32) + 1})
+    merger = MergedLoRAs([(0.5, {"m": [lora]}), (-1.5, {"m": [dora]})], "cpu")
+    w = g.standard_normal((8, 10)).astype(np.float32)
+    w64 = w.astype(np.float64)
+    want = w64.copy()
+    want[2:6] += 0.5 * (lora.merged_weight(w64[2:6]) - w64[2:6])
+    want += -1.5 * (dora.merged_weight(w64) - w64)
+    t = flame.tensor(w, device="cpu")
+    got = merger("m.weight", t)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(t.numpy(), w)                        # the input weight as it was
+    assert merger.keys() == {"m.weight"}
+    lo = MergedLoRAs([(1.0, {"m": [lora]})], "cpu")
+    half = lo("m.weight", flame.tensor(w, device="cpu").to(flame.bfloat16))
+    assert half.dtype == flame.bfloat16
+    ref = w.astype(np.float64)
+    ref[2:6] = lora.merged_weight(ref[2:6])
+    np.testing.assert_allclose(half.float().numpy(), ref, rtol=1e-2, atol=2e-2)
