@@ -50,19 +50,11 @@ class MergedLoRAs:
         dev = self.device if self.device is not None else w.device
         base = w.detach().to(dev).to(flame.float32).array
         xp = backend.xp_of(base)
-        dora = any(p.kind == "dora" for _, p in entries)
-        # the float32 copy of another dtype or device is ours to add into; a DoRA's change is taken against W itself
-        out = base.copy() if dora or (w.dtype == flame.float32 and w.device == dev) else base
+        out = base.copy()
         for weight, p in entries:
             lo, hi = p.rows if p.rows is not None else (0, base.shape[0])
-            if p.kind == "dora":
-                rows = base[lo:hi]
-                out[lo:hi] += weight * (p.merged_weight(rows, xp, np.float32) - rows)
-            else:   # LoRA / LoKr / LoHa: W + ΔW, so the change is ΔW itself (one pass fewer than W' − W)
-                d = p.delta_weight(xp, np.float32)
-                if weight != 1.0:
-                    d *= weight
-                out[lo:hi] += d.reshape(hi - lo, *base.shape[1:])
+            rows = base[lo:hi]
+            out[lo:hi] += weight * (p.merged_weight(rows, xp, np.float32) - rows)
         merged = flame.as_tensor(out).to(w.dtype)
         if not bool(flame.isfinite(merged).all()):
             raise self.error(f"{self.label}: merging it into {key} gives values that are not finite (an overflow "
