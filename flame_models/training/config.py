@@ -193,6 +193,8 @@ class ModelConfig:
                                          # true or 'fp8' (also float8 / qfloat8: ai-toolkit's qtype name)
     qtype: typing.Optional[str] = None   # ai-toolkit's quantisation type: only its fp8 ones (qfloat8, float8, fp8),
                                          # what model.quantize stores; others are errors
+    quantize_kwargs: dict = field(default_factory=dict)   # ai-toolkit's: exclude: [patterns] of modules outside
+                                                          # the blocks (quantize_kwargs.py)
     is_flux: typing.Optional[bool] = None  # ai-toolkit's flags: without arch, the one that is true chooses it;
     is_v3: typing.Optional[bool] = None    # with arch, they must agree with it (is_flux either way with a
                                            # Flux-derived arch: flux_kontext, chroma)
@@ -716,6 +718,8 @@ def _clean_quantize(cfg, p, errors):
     if cfg.train.fp8_compute and not cfg.model.quantize:
         errors.append(f"{p}train.fp8_compute: computes with the fp8 weights of model.quantize; set model.quantize: "
                       f"fp8 too")
+    from .quantize_kwargs import config_problems
+    errors += config_problems(cfg, p)
     cs = cfg.train.checkpoint_save
     if cs not in ("none", "attention"):
         errors.append(f"{p}train.checkpoint_save: 'none' or 'attention', got {cs!r}")

@@ -60,6 +60,7 @@ from . import (
     optimizers,
     preservation,
     pretrained_lora,
+    quantize_kwargs,
     resume,
     run_folder,
     tracking,
@@ -265,6 +266,9 @@ class Trainer:
                                   f"adapters: " + "; ".join(problems))
         # model.lora_path / assistant_lora_path / inference_lora_path: each file read and checked against the model
         self.base_loras = base_loras.read(c, fam, self.spec, self._model)
+        problems = quantize_kwargs.model_problems(c, fam, self.spec, self._model)   # ai-toolkit's exclusions
+        if problems:
+            raise ConfigError("; ".join(problems))
         for line in self.base_loras.describe() if self.base_loras is not None else ():
             self.log(line)
         kinds = dataset_kinds(c) if self._dataset is None else []
