@@ -143,7 +143,8 @@ class TrainSection:
     ip_noise_gamma: float = 0.0          # kohya's input perturbation: the noise the model sees is ε + γ·ξ (ξ another
                                          # N(0, 1) draw), the target keeps ε (0.1 is the paper's)
     ip_noise_gamma_random_strength: bool = False  # γ drawn uniformly in [0, ip_noise_gamma) per step
-    loss_type: str = "l2"                # kohya's: l2 | l1 | huber | smooth_l1 (training/loss_types.py)
+    loss_type: str = "l2"                # kohya's: l2 | l1 | huber | smooth_l1 (training/loss_types.py);
+                                         # ai-toolkit's mse / mae are l2 / l1
     huber_c: float = 0.1                 # huber / smooth_l1: the threshold, in (0, 1]
     huber_schedule: typing.Optional[str] = None  # constant | exponential | snr (sdxl only); None: sdxl snr
                                                  # (kohya's default), flow families constant
@@ -493,6 +494,10 @@ def _build(cls, data, path, errors, given, notes=None):
     return cls(**kwargs)
 
 
+# ai-toolkit's train.loss_type names of kohya's (loss_types.py): the same per-element errors
+AI_TOOLKIT_LOSS_TYPES = {"mse": "l2", "mae": "l1"}
+
+
 def _clean_optimizer(t, where, errors):
     """train.optimizer by any peer spelling (optimizers.py), its optimizer_params checked against what that
     optimizer takes, and lr_scheduler_params against the schedule."""
@@ -586,6 +591,8 @@ def config_from_dict(data, source="<dict>", check_files=True):
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors)
+    if isinstance(cfg.train.loss_type, str) and cfg.train.loss_type in AI_TOOLKIT_LOSS_TYPES:   # ai-toolkit's names
+        cfg.train.loss_type = AI_TOOLKIT_LOSS_TYPES[cfg.train.loss_type]
     _clean_quantize(cfg, p, errors)
     _clean_network_kwargs(cfg, p, errors)
     if isinstance(cfg.logging.log_every, int) and "logging.log_every" in given:  # ai-toolkit's place for it

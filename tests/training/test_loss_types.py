@@ -148,3 +148,11 @@ def test_input_perturbation_noise(tmp_path, monkeypatch):
         tiny_config(tmp_path, "bad", train={"ip_noise_gamma_random_strength": True})
     with pytest.raises(ConfigError, match="train.ip_noise_gamma: must be >= 0"):
         tiny_config(tmp_path, "bad", train={"ip_noise_gamma": -0.1})
+
+
+@pytest.mark.parametrize("name, same", [("mse", "l2"), ("mae", "l1")])
+def test_ai_toolkits_loss_type_names_are_kohyas_losses(tmp_path, name, same):
+    from flame_models.training.config import config_from_dict
+    c = config_from_dict({"name": "x", "training_folder": str(tmp_path), "synthetic": {"num_samples": 2},
+                          "model": {"size": "flux-tiny"}, "train": {"loss_type": name}})
+    assert c.train.loss_type == same
