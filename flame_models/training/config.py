@@ -247,6 +247,7 @@ class SampleConfig:
     prompts: list = field(default_factory=list)  # text prompts ([trigger] -> trigger_word); needs the text
                                                  # encoders (image datasets, or the parts of model.size)
     num_samples: int = 2                 # without prompts: the first dataset items' captions / conditioning
+    network_multiplier: float = 1.0      # ai-toolkit's: the adapters' weight in the previews without their own --m
     prompt_embeds: list = field(default_factory=list)  # or .safetensors files with the conditioning arrays
 
 

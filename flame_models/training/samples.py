@@ -42,6 +42,13 @@ class Previews:
         sm, o = self.cfg.sample, self.prompts[i].options
         return (sm.height, sm.width) if o is None else o.size(sm.height, sm.width)
 
+    def multiplier(self, i):
+        """The adapters' weight while prompt i samples: its --m, else sample.network_multiplier; None for 1 (the
+        weight they train at)."""
+        o = self.prompts[i].options
+        m = o.multiplier if o is not None and o.multiplier is not None else self.cfg.sample.network_multiplier
+        return None if m == 1.0 else float(m)
+
     def image_path(self, step, i):
         return os.path.join(self.folder, f"step_{step:06d}_{i}.png")
 
@@ -69,9 +76,9 @@ class Previews:
         bar = _bar(sum(a["steps"] for a in settings), f"sample @ {step}", self.verbose, progress_file)
         lat = []
         try:
-            for p, args in zip(self.prompts, settings):
-                m = None if p.options is None else p.options.multiplier
-                if m is not None:   # --m: the adapters' weight for this prompt
+            for i, args in enumerate(settings):
+                p, m = self.prompts[i], self.multiplier(i)
+                if m is not None:   # --m / sample.network_multiplier: the adapters' weight for this prompt
                     A.set_adapter_weight(model, "default", m)
                 try:
                     z = fam.sample(model, p.cond, device=self.device,

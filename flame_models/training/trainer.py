@@ -931,7 +931,7 @@ class Trainer:
                 if self.text_encoders is not None:  # the prompts as the trained encoders read them now
                     conds = self.text_encoders.preview_conditioning(
                         self.prepared.prompt_texts, self.prepared.negatives,
-                        [None if p.options is None else p.options.multiplier for p in self.previews.prompts])
+                        [self.previews.multiplier(i) for i in range(len(self.previews.prompts))])
                     self.previews.prompts = [p._replace(cond=cd) for p, cd in zip(self.previews.prompts, conds)]
                 # model.assistant_lora_path taken out (weight -1), model.inference_lora_path added (weight 1)
                 with self.base_loras.previewing(self.model, self.device) if self.base_loras is not None \

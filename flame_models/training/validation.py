@@ -261,6 +261,8 @@ def validate(cfg, prefix="", check_files=True):
     _at_least(e, f"{p}sample.sample_start_step", sm.sample_start_step, 0)
     _at_least(e, f"{p}sample.sample_steps", sm.sample_steps)
     _at_least(e, f"{p}sample.num_samples", sm.num_samples)
+    if sm.network_multiplier != 1.0 and n.type == "full":
+        e.append(f"{p}sample.network_multiplier: a full fine-tune has no adapters to weigh (network.type full)")
     if not (sm.neg is None or sm.neg is False or isinstance(sm.neg, str)):
         e.append(f"{p}sample.neg: a negative prompt (a string; false or \"\" for none), got {sm.neg!r}")
     if sm.slg_scale < 0:

@@ -160,3 +160,38 @@ def test_g_and_l_together(tmp_path, images):
     with pytest.raises(ConfigError, match=r"sample.prompts\[0\]: --g and --l \(--cfg\) both set the sd3 previews"):
         image_config(tmp_path, "sd3g", SD3_MODEL, images, steps=2, model={"arch": "sd3"},
                      sample={"sample_every": 2, "prompts": ["a --g 3 --l 4"], "width": 64, "height": 64})
+
+
+def test_sample_network_multiplier_weighs_the_previews_without_their_own_m(tmp_path, monkeypatch):
+    """ai-toolkit's sample.network_multiplier: every preview without --m samples with the adapters at that weight (a
+    prompt's --m wins); back to 1 after; refused for a full fine-tune."""
+    import flame_nn.adapters as A
+    from flame_models.training import samples as samples_module
+    from flame_models.training.config import config_from_dict
+
+    from .conftest import tiny_config
+    seen = []
+    real = samples_module.Previews.run
+
+    def spy(self, model, step, progress_file=None):
+        def sample(*a, **k):
+            seen.append(next(m._weights["default"] for _, m in A.adapted_modules(model)))
+            return self_sample(*a, **k)
+        self_sample = self.family.sample
+        monkeypatch.setattr(self.family, "sample", sample)
+        try:
+            return real(self, model, step, progress_file)
+        finally:
+            monkeypatch.setattr(self.family, "sample", self_sample)
+    monkeypatch.setattr(samples_module.Previews, "run", spy)
+    c = tiny_config(tmp_path, "mult", steps=3, sample={"sample_every": 0, "sample_steps": 2, "num_samples": 2,
+                                                       "network_multiplier": 0.25})
+    tr = Trainer(c, verbose=False).setup()
+    tr.previews.prompts[1] = tr.previews.prompts[1]._replace(options=parse("x --m 0.75"))
+    tr.sample()
+    assert seen == [0.25, 0.75]
+    assert {m._weights["default"] for _, m in A.adapted_modules(tr.model)} == {1.0}
+    with pytest.raises(ConfigError, match="sample.network_multiplier: a full fine-tune has no adapters"):
+        config_from_dict({"name": "f", "training_folder": str(tmp_path), "network": {"type": "full"},
+                          "synthetic": {"num_samples": 2}, "model": {"size": "flux-tiny"},
+                          "sample": {"network_multiplier": 0.5}})
