@@ -20,7 +20,10 @@ from flame_core.errors import FlameError
 # a `datasets:` entry: an image folder with captions (every field), or a folder of precomputed samples (one
 # .safetensors each with the family's sample_keys: folder_path, num_repeats, shuffle only)
 from ..data.config import DatasetConfig
-from .optimizers import OPTIMIZERS  # noqa: F401 (validation.py reads the names from here)
+from .optimizers import (
+    OPTIMIZERS,  # noqa: F401 (validation.py reads the names from here)
+    PRODIGY_MIN_LR,
+)
 from .optimizers import canonical as _canonical_optimizer
 from .optimizers import check_params as _check_optimizer_params
 
@@ -499,9 +502,10 @@ def _build(cls, data, path, errors, given, notes=None):
 AI_TOOLKIT_LOSS_TYPES = {"mse": "l2", "mae": "l1"}
 
 
-def _clean_optimizer(t, where, errors):
+def _clean_optimizer(t, where, errors, notes):
     """train.optimizer by any peer spelling (optimizers.py), its optimizer_params checked against what that
-    optimizer takes, and lr_scheduler_params against the schedule."""
+    optimizer takes, and lr_scheduler_params against the schedule; Prodigy's lr as ai-toolkit sets it (said in
+    `notes`)."""
     name = _canonical_optimizer(t.optimizer)
     if name is not None:
         t.optimizer = name
@@ -513,6 +517,14 @@ def _clean_optimizer(t, where, errors):
         if name == "prodigy" and t.text_encoder_lr is not None and t.text_encoder_lr not in (t.lr, 0):
             errors.append(f"{where}.text_encoder_lr: prodigy takes one lr for every parameter group (or 0), got "
                           f"{t.text_encoder_lr} beside lr {t.lr}")
+        elif name == "prodigy" and _is_number(t.lr) and 0 < t.lr < PRODIGY_MIN_LR:
+            # as ai-toolkit builds it: its UI's default lr (1e-4) with Prodigy would scale every step by 1e-4
+            notes.append(f"{where}.lr: {t.lr:g} with prodigy is raised to 1.0, as ai-toolkit does below "
+                         f"{PRODIGY_MIN_LR:g}: Prodigy's step is lr x its own estimate of the step size (1.0: the "
+                         f"estimate itself)")
+            if t.text_encoder_lr == t.lr:
+                t.text_encoder_lr = 1.0
+            t.lr = 1.0
     params = t.lr_scheduler_params
     if not isinstance(params, dict):
         errors.append(f"{where}.lr_scheduler_params: expected a mapping, got {params!r}")
@@ -591,7 +603,7 @@ def config_from_dict(data, source="<dict>", check_files=True):
                             "for that")
     p = prefix + "." if prefix else ""
     _resolve_family(cfg, p, errors)
-    _clean_optimizer(cfg.train, f"{p}train", errors)
+    _clean_optimizer(cfg.train, f"{p}train", errors, cfg.warnings)
     if isinstance(cfg.train.loss_type, str) and cfg.train.loss_type in AI_TOOLKIT_LOSS_TYPES:   # ai-toolkit's names
         cfg.train.loss_type = AI_TOOLKIT_LOSS_TYPES[cfg.train.loss_type]
     _clean_quantize(cfg, p, errors)

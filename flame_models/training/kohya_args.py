@@ -10,7 +10,8 @@ kohya argument -> FLAME setting:
     network_dim / network_alpha / network_dropout / network_weights -> network.linear / linear_alpha / dropout /
         pretrained_lora_path; network_args conv_dim / conv_alpha / rank_dropout / module_dropout / factor
     learning_rate (unet_lr over it) / text_encoder_lr / lr_scheduler / lr_warmup_steps / lr_scheduler_num_cycles /
-        lr_scheduler_power / optimizer_type / optimizer_args ("k=v" strings) -> train.*
+        lr_scheduler_power / optimizer_type / optimizer_args ("k=v" strings) -> train.* (Prodigy with an lr below
+        0.1 then gets 1.0, with a warning, as every FLAME config: config.py)
     max_train_epochs -> train.epochs, save_every_n_epochs -> save.save_every_epochs (steps from the datasets'
         batches per epoch; with max_train_steps too the epochs win, as in kohya)
     max_train_steps, train_batch_size, gradient_accumulation_steps, gradient_checkpointing, seed, max_grad_norm,

@@ -26,7 +26,10 @@ SPECS = {  # canonical name: (class name in flame_nn.optim, {param: kind})
 }
 OPTIMIZERS = tuple(SPECS)
 _ALIASES = {"adamw8bit": "adamw8bit", "adamw_8bit": "adamw8bit", "adamwschedulefree": "adamw_schedulefree",
-            "schedulefreeadamw": "adamw_schedulefree", "schedulefree.adamwschedulefree": "adamw_schedulefree"}
+            "schedulefreeadamw": "adamw_schedulefree", "schedulefree.adamwschedulefree": "adamw_schedulefree",
+            "prodigyopt": "prodigy"}   # (ai-toolkit's UI value: the package's name)
+# ai-toolkit's Prodigy: an lr below this is raised to 1.0 (Prodigy's step is lr x its own estimate of the step size)
+PRODIGY_MIN_LR = 0.1
 # ai-toolkit's Adafactor: an external lr and schedule unless the config asks otherwise
 ADAFACTOR_DEFAULTS = {"relative_step": False, "scale_parameter": False, "warmup_init": False}
 # optimizer state bytes per trained parameter (fp32 state), for the memory planner

@@ -171,3 +171,26 @@ def test_loraplus_trains_the_up_matrices_at_lr_times_the_ratio(tmp_path):
                          "prodigy takes one lr for every parameter group")):
         with pytest.raises(ConfigError, match=msg):
             tiny_config(tmp_path, "bad", **change)
+
+
+@pytest.mark.parametrize("given, lr, te, want, said", [
+    ("prodigyopt", 1e-4, None, 1.0, True),      # ai-toolkit's UI: its package name and its default lr
+    ("prodigy", 0.5, None, 0.5, False),         # at or above 0.1 the lr is the config's
+])
+def test_prodigys_lr_as_ai_toolkit_sets_it(tmp_path, given, lr, te, want, said):
+    """ai-toolkit's Prodigy: an lr below 0.1 (its UI's default 1e-4) raised to 1.0, said in a warning; its UI's name
+    prodigyopt read as prodigy."""
+    train = {"optimizer": given, "lr": lr, **({"text_encoder_lr": te} if te is not None else {})}
+    c = tiny_config(tmp_path, "prodigy_lr", train=train)
+    assert c.train.optimizer == "prodigy" and c.train.lr == want
+    assert c.train.text_encoder_lr == (want if te is not None else None)
+    assert any("with prodigy is raised to 1.0, as ai-toolkit does below 0.1" in w for w in c.warnings) == said
+
+
+def test_prodigys_raised_lr_carries_the_text_encoders_lr_with_it(tmp_path):
+    from flame_models.training.config import config_from_dict
+    c = config_from_dict({"name": "x", "training_folder": str(tmp_path), "datasets": [{"folder_path": str(tmp_path)}],
+                          "model": {"arch": "sdxl"}, "train": {"optimizer": "prodigy", "lr": 1e-4,
+                                                               "text_encoder_lr": 1e-4, "train_text_encoder": True}},
+                         check_files=False)
+    assert (c.train.lr, c.train.text_encoder_lr) == (1.0, 1.0)
