@@ -16,6 +16,9 @@ settings.register_profile("dev", deadline=None, max_examples=40, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 DEVICE = flame.default_device()
+# configs that name Hugging Face repo ids read them from the local Hugging Face cache (checkpoint_io/hub_cache.py): the
+# tests see an empty one, never the machine's (a test that needs one sets HF_HUB_CACHE itself)
+os.environ["HF_HUB_CACHE"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"flame-tests-empty-hub-{os.getpid()}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,10 +11,12 @@
 - `inference_lora_path`: kept out of training, added to every preview at weight 1.
 
 Each is a LoRA file of the denoiser (any layout FLAME reads: kohya, LyCORIS, PEFT / diffusers, ai-toolkit), or a
-folder holding pytorch_lora_weights.safetensors (as ai-toolkit takes one). A Hugging Face repo id is not downloaded:
-the error names the file to fetch. Files are someone else's: their size is checked against the host's memory before
-they are read, every tensor must be finite, and every adapter must fit its layer; text-encoder parts are refused
-(the captions are encoded once, by the encoders as they are). All of it before anything is cached or loaded.
+folder holding pytorch_lora_weights.safetensors (as ai-toolkit takes one), or a Hugging Face repo id found in the
+local Hugging Face cache (checkpoint_io/hub_cache.py; config.py resolves it to its snapshot folder); a repo id the
+cache lacks is an error saying how to fetch it. Files are someone else's: their size is checked against the host's
+memory before they are read, every tensor must be finite, and every adapter must fit its layer; text-encoder parts
+are refused (the captions are encoded once, by the encoders as they are). All of it before anything is cached or
+loaded.
 """
 import os
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from flame_core import dtypes
 from flame_nn import adapters as A
 
+from ..checkpoint_io import hub_cache
 from ..pipeline.loras import check_lora_part, lora_keys
 from ..pipeline.merged_loras import MergedLoRAs
 from .config import ConfigError, dtype_name
@@ -43,10 +46,8 @@ def resolve(value, setting):
         return path
     if os.path.isfile(value):
         return value
-    hub = value.count("/") == 1 and not value.endswith(".safetensors") and not os.path.isabs(value)
     raise ConfigError(f"{where}: no such file or folder" + (
-        f" (a Hugging Face repo id? FLAME does not download: fetch {FOLDER_FILE} from "
-        f"https://huggingface.co/{value} and give its path)" if hub else ""))
+        f" ({hub_cache.fetch_hint(value)})" if hub_cache.looks_like_repo_id(value) else ""))
 
 
 def file_problems(cfg, p=""):

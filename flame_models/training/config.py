@@ -498,6 +498,29 @@ def _build(cls, data, path, errors, given, notes=None):
     return cls(**kwargs)
 
 
+# the model settings ai-toolkit's configs give Hugging Face repo ids in (read from the local cache: hub_cache.py)
+_HUB_FIELDS = ("name_or_path", "vae_path", "lora_path", "assistant_lora_path", "inference_lora_path")
+
+
+def _resolve_hub_ids(cfg, p, errors):
+    """Each of model's _HUB_FIELDS that is a repo id (not a path that exists) and that the local Hugging Face cache
+    holds becomes that snapshot's folder, said in a warning; a repo id the cache lacks is left for the file checks
+    (their errors say how to fetch it)."""
+    from ..checkpoint_io import hub_cache
+    for name in _HUB_FIELDS:
+        value = getattr(cfg.model, name)
+        if not hub_cache.looks_like_repo_id(value):
+            continue
+        try:
+            path = hub_cache.snapshot(value)
+        except hub_cache.HubCacheError as e:
+            errors.append(f"{p}model.{name}: {value}: {e}")
+            continue
+        if path is not None:
+            setattr(cfg.model, name, path)
+            cfg.warnings.append(f"{p}model.{name}: {value} read from the Hugging Face cache: {path}")
+
+
 # ai-toolkit's train.loss_type names of kohya's (loss_types.py): the same per-element errors
 AI_TOOLKIT_LOSS_TYPES = {"mse": "l2", "mae": "l1"}
 
@@ -602,6 +625,7 @@ def config_from_dict(data, source="<dict>", check_files=True):
                             "target); ai-toolkit would fine-tune the whole model here -- add `network: {type: full}` "
                             "for that")
     p = prefix + "." if prefix else ""
+    _resolve_hub_ids(cfg, p, errors)
     _resolve_family(cfg, p, errors)
     _clean_optimizer(cfg.train, f"{p}train", errors, cfg.warnings)
     if isinstance(cfg.train.loss_type, str) and cfg.train.loss_type in AI_TOOLKIT_LOSS_TYPES:   # ai-toolkit's names

@@ -5,6 +5,7 @@ import os
 
 from flame_core.memory.stats import parse_budget
 
+from ..checkpoint_io import hub_cache
 from ..data.config import validate_dataset_config
 from ..samplers import PREDICTION_TYPES
 from . import base_loras, prompt_options
@@ -575,7 +576,8 @@ def file_problems(cfg, family, p=""):
         e.append(f"{p}network.pretrained_lora_path: no such file: {lora}")
     e += base_loras.file_problems(cfg, p)
     if path is not None and not os.path.exists(path):
-        e.append(f"{p}model.name_or_path: no such file or folder: {path}")
+        e.append(f"{p}model.name_or_path: no such file or folder: {path}"
+                 + (f" ({hub_cache.fetch_hint(path)})" if hub_cache.looks_like_repo_id(path) else ""))
     else:
         try:
             spec = family.describe_model(cfg.model)

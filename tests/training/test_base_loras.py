@@ -231,12 +231,13 @@ def test_bad_files_are_refused_naming_the_setting_before_anything_is_built(tmp_p
 
 @pytest.mark.parametrize("case, words", [
     ("hub", r"model.assistant_lora_path ostris/FLUX.1-schnell-training-adapter: no such file or folder \(a Hugging "
-            r"Face repo id\? FLAME does not download: fetch pytorch_lora_weights.safetensors from "
-            r"https://huggingface.co/ostris/FLUX.1-schnell-training-adapter and give its path\)"),
+            r"Face repo id\? FLAME does not download, and the cache at .*empty-hub does not hold it: `huggingface-cli "
+            r"download ostris/FLUX.1-schnell-training-adapter` fills it, or give a local path\)"),
     ("missing", r"model.lora_path .*nothing.safetensors: no such file or folder$"),
     ("empty folder", r"model.inference_lora_path .*empty: a folder without pytorch_lora_weights.safetensors"),
 ])
-def test_paths_that_name_no_file_are_config_errors(tmp_path, flux_file, case, words):
+def test_paths_that_name_no_file_are_config_errors(tmp_path, flux_file, case, words, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))   # (not the machine's own cache)
     (tmp_path / "empty").mkdir()
     setting, value = {"hub": ("assistant_lora_path", "ostris/FLUX.1-schnell-training-adapter"),
                       "missing": ("lora_path", str(tmp_path / "nothing.safetensors")),
