@@ -867,10 +867,27 @@ def _family_options(args):
 _USER_ERRORS = (FlameError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
+def _from_hub_cache(value, option):
+    """`value` (a command-line path), or, for a Hugging Face repo id, its snapshot in the local Hugging Face cache
+    (said on stderr); GenerateError when the cache lacks it (FLAME never downloads) or holds it ambiguously."""
+    from .checkpoint_io import hub_cache
+    if not hub_cache.looks_like_repo_id(value):
+        return value
+    try:
+        path = hub_cache.snapshot(value)
+    except hub_cache.HubCacheError as e:
+        raise GenerateError(f"{option} {value}: {e}") from None
+    if path is None:
+        raise GenerateError(f"{option} {value}: no such file or folder ({hub_cache.fetch_hint(value)})")
+    print(f"{option} {value}: read from the Hugging Face cache: {path}", file=sys.stderr)
+    return path
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     stats = {}
     try:
+        args.model, args.vae = _from_hub_cache(args.model, "--model"), args.vae and _from_hub_cache(args.vae, "--vae")
         images = generate(args.model, _read_prompts(args), vae=args.vae, clip_l=args.clip_l, t5=args.t5,
                           tokenizer=args.tokenizer, loras=args.lora, width=args.width, height=args.height,
                           steps=args.steps, guidance=args.guidance, seed=args.seed, num_images=args.num_images,

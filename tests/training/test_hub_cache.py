@@ -100,3 +100,23 @@ def test_the_cache_root_follows_huggingface_hubs_variables(tmp_path, monkeypatch
     assert hub_cache.cache_root() == str(tmp_path / "hf" / "hub")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "c"))
     assert hub_cache.cache_root() == str(tmp_path / "c")
+
+
+def test_generate_reads_a_repo_id_from_the_cache(tmp_path, tiny_model, monkeypatch, capsys):
+    """`generate --model org/name` samples from the cached snapshot (said on stderr); a repo the cache lacks is the
+    command's error, saying how to fetch it."""
+    from flame_models import generate
+    root = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    repo = root / "models--black-forest-labs--FLUX.1-tiny"
+    shutil.copytree(tiny_model, repo / "snapshots" / "rev1")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("rev1")
+    out = tmp_path / "generated"
+    assert generate.main(["--model", "black-forest-labs/FLUX.1-tiny", "--prompt", "ohwx", "--width", "64",
+                          "--height", "64", "--steps", "2", "--seed", "1", "--max-length", "8", "--device", "cpu",
+                          "--output", str(out)]) == 0
+    assert [f for f in os.listdir(out) if f.endswith(".png")]
+    assert "--model black-forest-labs/FLUX.1-tiny: read from the Hugging Face cache" in capsys.readouterr().err
+    assert generate.main(["--model", "black-forest-labs/FLUX.1-absent", "--prompt", "x", "--device", "cpu"]) == 2
+    assert "`huggingface-cli download black-forest-labs/FLUX.1-absent` fills it" in capsys.readouterr().err
