@@ -871,16 +871,16 @@ def _from_hub_cache(value, option):
     """`value` (a command-line path), or, for a Hugging Face repo id, its snapshot in the local Hugging Face cache
     (said on stderr); GenerateError when the cache lacks it (FLAME never downloads) or holds it ambiguously."""
     from .checkpoint_io import hub_cache
-    if not hub_cache.looks_like_repo_id(value):
-        return value
     try:
-        path = hub_cache.snapshot(value)
+        path = hub_cache.resolve(value)
     except hub_cache.HubCacheError as e:
         raise GenerateError(f"{option} {value}: {e}") from None
-    if path is None:
+    if path is not None:
+        print(f"{option} {value}: read from the Hugging Face cache: {path}", file=sys.stderr)
+        return path
+    if hub_cache.looks_like_repo_id(value):
         raise GenerateError(f"{option} {value}: no such file or folder ({hub_cache.fetch_hint(value)})")
-    print(f"{option} {value}: read from the Hugging Face cache: {path}", file=sys.stderr)
-    return path
+    return value
 
 
 def main(argv=None):

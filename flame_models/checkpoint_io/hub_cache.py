@@ -62,6 +62,12 @@ def snapshot(repo_id):
                         f"path of the one to use")
 
 
+def resolve(value):
+    """The cached snapshot folder of `value` when it is a repo id the cache holds, else None (not a repo id, or one
+    the cache lacks: the caller's own error adds fetch_hint). HubCacheError for an ambiguous or broken entry."""
+    return snapshot(value) if looks_like_repo_id(value) else None
+
+
 def fetch_hint(repo_id):
     """What to tell a user whose cache lacks `repo_id`."""
     return (f"a Hugging Face repo id? FLAME does not download, and the cache at {cache_root()} does not hold it: "

@@ -509,10 +509,8 @@ def _resolve_hub_ids(cfg, p, errors):
     from ..checkpoint_io import hub_cache
     for name in _HUB_FIELDS:
         value = getattr(cfg.model, name)
-        if not hub_cache.looks_like_repo_id(value):
-            continue
         try:
-            path = hub_cache.snapshot(value)
+            path = hub_cache.resolve(value)
         except hub_cache.HubCacheError as e:
             errors.append(f"{p}model.{name}: {value}: {e}")
             continue

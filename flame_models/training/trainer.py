@@ -258,15 +258,21 @@ class Trainer:
             raise ConfigError("; ".join(problems))
         # network.pretrained_lora_path: the file read and checked against the model and the config (which takes its
         # kind, rank and alpha where it said none) before anything is cached or loaded
-        self.pretrained = pretrained_lora.read(c, fam, self.spec, self._model)
+        # the model without storage that the LoRA files and the quantisation exclusions are checked against: built
+        # once, only when one of them is set (or the ready-made model)
+        probe = self._model
+        if probe is None and (c.network.pretrained_lora_path is not None or quantize_kwargs.patterns(c)
+                              or any(getattr(c.model, s) for s in base_loras.SETTINGS)):
+            probe = fam.empty_model(self.spec, flame.dtypes.dtype(dtype_name(c.model.dtype)), "cpu")
+        self.pretrained = pretrained_lora.read(c, fam, self.spec, probe)
         if self.pretrained is not None:
             problems = validate(c, check_files=False)
             if problems:
                 raise ConfigError(f"network.pretrained_lora_path {self.pretrained.path} holds {c.network.type} "
                                   f"adapters: " + "; ".join(problems))
         # model.lora_path / assistant_lora_path / inference_lora_path: each file read and checked against the model
-        self.base_loras = base_loras.read(c, fam, self.spec, self._model)
-        problems = quantize_kwargs.model_problems(c, fam, self.spec, self._model)   # ai-toolkit's exclusions
+        self.base_loras = base_loras.read(c, fam, self.spec, probe)
+        problems = quantize_kwargs.model_problems(c, fam, self.spec, probe)   # ai-toolkit's exclusions
         if problems:
             raise ConfigError("; ".join(problems))
         for line in self.base_loras.describe() if self.base_loras is not None else ():
