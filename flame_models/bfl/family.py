@@ -77,6 +77,13 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
+    # ------------------------------------------------------------------ LoRAs on the text encoders
+    def text_lora_parts(self, encoders):
+        return [("te1", encoders.clip), (("te3", "te2"), encoders.t5)]
+
+    def streamed_text_components(self, model_cfg, device, budget):
+        return ("te3", "te2") if flux_parts.t5_storage(model_cfg, device, budget).endswith("stream") else ()
+
     def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
                    tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the transformer in BFL's names (as flux1-dev.safetensors; ComfyUI's

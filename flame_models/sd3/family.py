@@ -90,6 +90,13 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     def lora_name_map(self, model):
         return name_map_for(model.params)
 
+    # ------------------------------------------------------------------ LoRAs on the text encoders
+    def text_lora_parts(self, encoders):
+        return [("te1", encoders.clip_l), ("te2", encoders.clip_g), ("te3", encoders.t5)]   # (t5 None: no T5)
+
+    def streamed_text_components(self, model_cfg, device, budget):
+        return ("te3",) if sd3_parts.t5_storage(model_cfg, device, budget).endswith("stream") else ()
+
     def save_model(self, model, path, dtype, metadata=None, base=None, layout="native",
                    tokenizer=None):   # (see ModelFamily; tokenizer: an SDXL SAI base's only)
         """A full fine-tune's file: the MMDiT in SAI's names under model.diffusion_model. (as SAI's files; ComfyUI

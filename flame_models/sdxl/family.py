@@ -247,6 +247,9 @@ class SDXLFamily(DiffusionFamily):
     def trainable_text_encoders(self, encoders):
         return [("te1", encoders.clip_l), ("te2", encoders.clip_g)]
 
+    def text_lora_parts(self, encoders):
+        return self.trainable_text_encoders(encoders)
+
     def caption_tokens(self, encoders, captions):
         """{"clip_l_ids", "clip_g_ids": (N, n, 77) int64} (n 77-token chunks per caption)."""
         l_ids, g_ids = encoders.tokenize(list(captions))

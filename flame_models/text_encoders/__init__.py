@@ -28,9 +28,11 @@ from .files import TextEncoderCheckpointError
 from .graphed import GraphedEncoder
 from .loading import load_clip, load_t5
 from .outputs import BaseModelOutput, BaseModelOutputWithPooling, CLIPTextModelOutput, ModelOutput
+from .structure import is_structure_only, structure_only
 from .t5 import T5EncoderModel, relative_position_bucket
 
 __all__ = ["CLIPTextConfig", "T5Config", "TextEncoderConfigError", "CLIP_PRESETS", "T5_PRESETS",
            "infer_clip_config", "infer_t5_config", "ModelOutput", "BaseModelOutput", "BaseModelOutputWithPooling",
            "CLIPTextModelOutput", "CLIPTextModel", "CLIPTextModelWithProjection", "quick_gelu", "T5EncoderModel",
-           "relative_position_bucket", "TextEncoderCheckpointError", "load_clip", "load_t5", "GraphedEncoder"]
+           "relative_position_bucket", "TextEncoderCheckpointError", "load_clip", "load_t5", "GraphedEncoder",
+           "structure_only", "is_structure_only"]

@@ -31,6 +31,7 @@ from .configs import CLIPTextConfig, T5Config, infer_clip_config, infer_t5_confi
 from .files import NAMES, Checkpoint, TextEncoderCheckpointError, resolve
 from .saving import CONFIG_METADATA_KEY
 from .storage import Packed, fuse_fp8_projections_, fuse_projections_
+from .structure import is_structure_only
 from .t5 import T5EncoderModel
 
 QUANTIZE = ("auto", "fp8", None)
@@ -91,10 +92,13 @@ def _load(kind, path, dtype, device, prefix, subfolder, config, quantize, strict
             cls = CLIPTextModelWithProjection if with_proj else CLIPTextModel
         else:
             cls = T5EncoderModel
-        with flame_nn.empty_init(device=device, dtype=dtype):
+        structure = is_structure_only()   # (the layers and their shapes only: structure.py)
+        with flame_nn.empty_init(device="cpu" if structure else device, dtype=dtype):
             model = cls(cfg)
         plan = _plan(kind, model, keymap, ckpt, dtype, quantize)
         _check(model, keymap, ckpt, cand, strict, label)
+        if structure:
+            return model.requires_grad_(False).eval()
         nbytes = sum(p.numel() * p.dtype.itemsize for p in model.parameters())
         with flame.no_grad(), tqdm(total=len(plan), desc=f"loading {type(model).__name__}", unit="tensor",
                                    disable=nbytes < CIO.PROGRESS_BYTES, leave=False) as bar:

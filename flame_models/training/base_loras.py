@@ -14,9 +14,19 @@ Each is a LoRA file of the denoiser (any layout FLAME reads: kohya, LyCORIS, PEF
 folder holding pytorch_lora_weights.safetensors (as ai-toolkit takes one), or a Hugging Face repo id found in the
 local Hugging Face cache (checkpoint_io/hub_cache.py; config.py resolves it to its snapshot folder); a repo id the
 cache lacks is an error saying how to fetch it. Files are someone else's: their size is checked against the host's
-memory before they are read, every tensor must be finite, and every adapter must fit its layer; text-encoder parts
-are refused (the captions are encoded once, by the encoders as they are). All of it before anything is cached or
-loaded.
+memory before they are read, every tensor must be finite, and every adapter must fit its layer. All of it before
+anything is cached or loaded.
+
+Text-encoder parts (kohya lora_te1_ / lora_te2_ / lora_te3_, diffusers text_encoder. / text_encoder_2. / ...):
+`lora_path`'s are merged into the text encoders when they are loaded (family_base.load_text_encoders; kept as adapters
+beside a T5 in fp8 storage), as ai-toolkit fuses the whole file, for the families whose generators take them (Flux,
+Flux Kontext, SD3, SDXL: family.text_lora_parts), so the captions are encoded -- and, with
+train.train_text_encoder, trained on -- through the changed encoders; the file is part of the text cache's key.
+Checked against the encoders the run will load, built without storage (text_encoders.structure_only), before
+anything is cached. Refused: a part for an encoder the model does not have or does not load (SD3 without T5), for a
+T5 that streams from host memory under the budget, and in `assistant_lora_path` / `inference_lora_path` (the
+previews' prompts are encoded once, by the encoders the run trains with, so neither could be taken back out of or
+added to them).
 """
 import os
 from contextlib import contextmanager
@@ -28,6 +38,7 @@ from flame_nn import adapters as A
 from ..checkpoint_io import hub_cache
 from ..pipeline.loras import check_lora_part, lora_keys
 from ..pipeline.merged_loras import MergedLoRAs
+from ..text_encoders import structure_only
 from .config import ConfigError, dtype_name
 from .limits import fmt_bytes, host_memory
 
@@ -63,12 +74,38 @@ def file_problems(cfg, p=""):
     return e
 
 
+def text_loras(model_cfg):
+    """[(path, 1.0)]: model.lora_path when its file holds text-encoder adapters (read() checked them), else []."""
+    value = model_cfg.lora_path
+    if not value:
+        return []
+    path = resolve(value, "lora_path")
+    keys = lora_keys(path, ConfigError, label="model.lora_path")
+    return [(path, 1.0)] if any(A.formats.component_of(k) != "denoiser" for k in keys) else []
+
+
+def text_identity(model_cfg):
+    """What the text cache's key adds for model.lora_path's text-encoder part: its file's path, size and
+    modification time ("" without one)."""
+    out = ""
+    for path, _ in text_loras(model_cfg):
+        st = os.stat(path)
+        out += f"|te-lora:{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
+def text_description(model_cfg):
+    """What describe_text_encoders adds for it (the log's line)."""
+    return "".join(f", model.lora_path's text-encoder part {p} merged in" for p, _ in text_loras(model_cfg))
+
+
 @dataclass
 class BaseLoRAs:
     """The files read and checked: `merged` [(setting, path, modules)] go into the base weights; `previews`
     [(setting, weight, modules)] run beside them in previews only (modules: {module: [AdapterPart]})."""
     merged: list = field(default_factory=list)
     previews: list = field(default_factory=list)
+    text: list = field(default_factory=list)     # lora_path's file when it has a text-encoder part
 
     def merger(self, device):
         """The MergedLoRAs of `merged` (computed on `device`), or None."""
@@ -79,6 +116,7 @@ class BaseLoRAs:
 
     def describe(self):
         out = [f"model.{s}: {p} merged into the base weights" for s, p, _ in self.merged]
+        out += [f"model.lora_path: {p}'s text-encoder part merged into the text encoders" for p in self.text]
         out += [f"model.{s}: in previews at weight {w:+g}" for s, w, _ in self.previews]
         return out
 
@@ -104,9 +142,12 @@ class BaseLoRAs:
                 A.remove_adapters(model, name)
 
 
-def read(cfg, family, spec, model=None):
+def read(cfg, family, spec, model=None, device="cpu", budget=None, captions=True):
     """The BaseLoRAs of cfg.model's LoRA settings, each file checked against the family's model of `spec` (built
-    without storage; or `model`, a ready-made one), or None when none is set. ConfigError for every problem."""
+    without storage; or `model`, a ready-made one) and, for lora_path's text-encoder part, against the encoders the
+    run will load on `device` under `budget` (max_gpu_memory in bytes, or None), or None when none is set.
+    captions: whether the run encodes its captions (image folders); without, a text-encoder part is refused (the
+    samples' conditioning is precomputed). ConfigError for every problem."""
     given = [(s, getattr(cfg.model, s)) for s in SETTINGS if getattr(cfg.model, s)]
     if not given:
         return None
@@ -126,11 +167,9 @@ def read(cfg, family, spec, model=None):
         keys = lora_keys(path, ConfigError, label=label)
         te = [k for k in keys if A.formats.component_of(k) != "denoiser"]
         if te:
-            raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te[0]}); the captions are encoded "
-                              f"once, by the text encoders as they are, so {label} applies to the {family.name} "
-                              f"denoiser only: give a file without them")
+            _check_text_part(cfg, family, setting, path, te, device, budget, captions)
         modules = check_lora_part(path, model, name_map, "denoiser", ConfigError, label=label)
-        if not modules:
+        if not modules and not te:
             raise ConfigError(f"{where}: holds no adapter for this {family.name} model (keys such as {keys[0]})")
         if setting == "assistant_lora_path":
             dora = next((m for m, parts in modules.items() if any(p.kind == "dora" for p in parts)), None)
@@ -138,8 +177,56 @@ def read(cfg, family, spec, model=None):
                 raise ConfigError(f"{where}: a DoRA adapter (on {dora}); the assistant is taken back out of the "
                                   f"previews at weight -1, which cancels a LoRA, LoKr or LoHa change but not a "
                                   f"DoRA's (it depends on the weight it changes)")
+        if te:
+            out.text.append(path)
+        if not modules:   # (a text-encoder-only lora_path)
+            continue
         if setting != "inference_lora_path":
             out.merged.append((setting, path, modules))
         if setting != "lora_path":
             out.previews.append((setting, -1.0 if setting == "assistant_lora_path" else 1.0, modules))
     return out
+
+
+def _check_text_part(cfg, family, setting, path, te_keys, device, budget, captions):
+    """model.<setting>'s text-encoder adapters (te_keys) against the encoders the run loads, built without storage:
+    ConfigError naming the file for each problem (module docstring)."""
+    label = f"model.{setting}"
+    where = f"{label} {path}"
+    if setting != "lora_path":
+        raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}); the previews' prompts "
+                          f"are encoded once, by the encoders the run trains with, so {label} applies to the "
+                          f"{family.name} denoiser only (model.lora_path merges a text-encoder part into the "
+                          f"encoders): give a file without them")
+    if not captions:
+        raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}), but this run trains on "
+                          f"precomputed samples, whose text conditioning was encoded without them: train from image "
+                          f"folders, or give a file without them")
+    with structure_only():
+        encoders = family.load_text_encoders(cfg.model, "cpu")
+    parts = family.text_lora_parts(encoders)
+    if parts is None:
+        raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}); the {family.name} "
+                          f"family applies LoRAs to its denoiser only: give a file without them")
+    have = {}
+    for comps, encoder in parts:
+        for c in (comps,) if isinstance(comps, str) else comps:
+            have[c] = encoder
+    streamed = set(family.streamed_text_components(cfg.model, device, budget))
+    comps = sorted({A.formats.component_of(k) for k in te_keys})
+    for comp in comps:   # which encoders, then (below) their layers
+        key = next(k for k in te_keys if A.formats.component_of(k) == comp)
+        if comp not in have:
+            raise ConfigError(f"{where}: holds adapters for a text encoder this {family.name} model does not have "
+                              f"({comp}: keys such as {key})")
+        encoder = have[comp]
+        if encoder is None:
+            raise ConfigError(f"{where}: holds adapters for a text encoder this run does not load ({comp}: keys "
+                              f"such as {key}; model.use_t5 is false or the model has no T5), so they would be "
+                              f"dropped: give a file without them")
+        if comp in streamed:
+            raise ConfigError(f"{where}: holds {type(encoder).__name__} adapters ({comp}: keys such as {key}), which "
+                              f"cannot be applied while that encoder streams from host memory under max_gpu_memory; "
+                              f"raise the budget, or give a file without them")
+    for comp in comps:
+        check_lora_part(path, have[comp], A.formats.IDENTITY, comp, ConfigError, label=label)

@@ -219,7 +219,8 @@ class ModelConfig:
     use_t5: bool = True                          # sd3: false encodes without T5 (its tokens are zeros, as the
                                                  # references allow); a model without T5 gets zeros either way
     # LoRAs on the frozen base (ai-toolkit's; base_loras.py): a file, or a folder with pytorch_lora_weights.safetensors
-    lora_path: typing.Optional[str] = None            # merged into the base for training and previews
+    lora_path: typing.Optional[str] = None            # merged into the base for training and previews (its
+                                                      # text-encoder part into the text encoders)
     assistant_lora_path: typing.Optional[str] = None  # merged for training, taken out of previews (weight -1): Flux
                                                       # schnell's training adapter
     inference_lora_path: typing.Optional[str] = None  # previews only (weight 1)

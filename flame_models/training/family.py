@@ -65,6 +65,12 @@ Trained text encoders (train.train_text_encoder; sdxl/family.py; text_training.p
                                         CLIPAttention / CLIPMLP set); None: the family cannot train them
     trainable_text_encoders(encoders)   [(component, encoder)] of load_text_encoders' object: 'te1' / 'te2', the
                                         LoRA files' names for them (flame_nn.adapters.formats.load's component)
+    text_lora_parts(encoders)           [(component or tuple of components, encoder)] of load_text_encoders' object
+                                        that a LoRA file's text-encoder part applies to ('te1', 'te2', 'te3'; Flux's
+                                        T5 is kohya's te3 and diffusers' te2), or None: the family's encoders take
+                                        none (model.lora_path's text-encoder part: base_loras.py)
+    streamed_text_components(model_cfg, device, budget)   the components whose encoder streams from host memory
+                                        under the budget (Flux's and SD3's T5): a LoRA part for it is refused
     caption_tokens(encoders, captions)  {key: (N, ...) int64} token ids per caption (tokenised once, kept per
                                         sample; training_inputs then finds them in the batch instead of embeddings)
     encode_training_text(encoders, cond)   cond with the token-id entries replaced by the conditioning the model
@@ -196,6 +202,12 @@ class ModelFamily:
 
     def negative_prompt(self, cfg):
         return None
+
+    def text_lora_parts(self, encoders):
+        return None
+
+    def streamed_text_components(self, model_cfg, device, budget):
+        return ()
 
     def sample_options(self, cfg):
         return {}

@@ -20,6 +20,8 @@ import flame_nn
 from .. import registry
 from ..conditioning.files import ModelFilesError
 from ..samplers.flow_schedules import FLOW_SCHEDULERS
+from ..text_encoders import is_structure_only
+from . import base_loras
 from .family import ModelFamily, ModelFileError
 from .family_parts import RANDOM_SEED
 from .loss_types import ElementLoss
@@ -202,13 +204,26 @@ class DiffusionFamily(ModelFamily):
         return self.pipeline.decode_latents(vae, x).float().numpy()
 
     def text_encoder_id(self, model_cfg, device, budget=None):
-        return self.parts.text_id(model_cfg, device, budget)
+        # model.lora_path's text-encoder part changes what the encoders produce: its file is part of the key
+        return self.parts.text_id(model_cfg, device, budget) + base_loras.text_identity(model_cfg)
 
     def describe_text_encoders(self, model_cfg, device, budget=None):
-        return self.parts.describe(model_cfg, device, budget)
+        return self.parts.describe(model_cfg, device, budget) + base_loras.text_description(model_cfg)
 
     def load_text_encoders(self, model_cfg, device, budget=None):
-        return self.parts.load_text_encoders_for(model_cfg, device, budget)
+        """The family's encoders (parts.load_text_encoders_for), with model.lora_path's text-encoder part merged
+        into them (kept as adapters beside fp8 storage: pipeline.apply_text_encoder_loras); base_loras.read checked
+        it against them before anything was loaded."""
+        enc = self.parts.load_text_encoders_for(model_cfg, device, budget)
+        loras = base_loras.text_loras(model_cfg)
+        if loras and not is_structure_only():
+            from ..pipeline import apply_text_encoder_loras
+            try:
+                apply_text_encoder_loras(loras, self.text_lora_parts(enc), base_loras.ConfigError)
+            except BaseException:
+                enc.free()
+                raise
+        return enc
 
     def encode_prompts(self, encoders, prompts):
         out = encoders.encode(list(prompts))

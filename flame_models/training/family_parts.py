@@ -208,9 +208,12 @@ def random_clip(config, projection, device, generator):
     """A frozen CLIPTextModel[WithProjection] of `config` with random weights drawn on `device`."""
     from ..text_encoders import CLIPTextModel, CLIPTextModelWithProjection
     cls = CLIPTextModelWithProjection if projection else CLIPTextModel
-    with flame_nn.empty_init(device=flame.device(device), dtype=te_dtype(device)):
+    from ..text_encoders import is_structure_only
+    structure = is_structure_only()   # (its layers only: text_encoders/structure.py)
+    with flame_nn.empty_init(device="cpu" if structure else flame.device(device), dtype=te_dtype(device)):
         model = cls(config)
-    init_random_(model, generator)
+    if not structure:
+        init_random_(model, generator)
     model.requires_grad_(False)
     model.eval()
     return model
@@ -236,11 +239,14 @@ def released_t5(max_length):
 def random_t5(config, device, generator, fp8, stream):
     """A frozen T5EncoderModel of `config` with random weights drawn on `device` (its Linear weights stored in fp8
     with `fp8`); with `stream`, its blocks stay empty and a BlockStreamer fills each as it packs it."""
-    from ..text_encoders import T5EncoderModel
+    from ..text_encoders import T5EncoderModel, is_structure_only
     dev = flame.device(device)
-    with flame_nn.empty_init(device=dev, dtype=te_dtype(dev)):
+    structure = is_structure_only()   # (its layers only: text_encoders/structure.py)
+    with flame_nn.empty_init(device="cpu" if structure else dev, dtype=te_dtype(dev)):
         t5 = T5EncoderModel(config)
     t5.requires_grad_(False)   # before quantising: fp8 storage converts frozen Linears only
+    if structure:
+        return t5.eval()
     init_random_(t5.shared, generator)
     init_random_(t5.encoder.final_layer_norm, generator)
     if stream:

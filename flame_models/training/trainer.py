@@ -271,13 +271,14 @@ class Trainer:
                 raise ConfigError(f"network.pretrained_lora_path {self.pretrained.path} holds {c.network.type} "
                                   f"adapters: " + "; ".join(problems))
         # model.lora_path / assistant_lora_path / inference_lora_path: each file read and checked against the model
-        self.base_loras = base_loras.read(c, fam, self.spec, probe)
+        kinds = dataset_kinds(c) if self._dataset is None else []
+        self.base_loras = base_loras.read(c, fam, self.spec, probe, self.device, self.budget,
+                                          captions="images" in kinds)
         problems = quantize_kwargs.model_problems(c, fam, self.spec, probe)   # ai-toolkit's exclusions
         if problems:
             raise ConfigError("; ".join(problems))
         for line in self.base_loras.describe() if self.base_loras is not None else ():
             self.log(line)
-        kinds = dataset_kinds(c) if self._dataset is None else []
         self.image_data = "images" in kinds
         if c.validation is not None and not self.image_data:  # (a ready-made dataset has no images to hold out)
             raise ConfigError("validation: needs image folders (datasets); this run was given precomputed samples")
