@@ -60,6 +60,7 @@ def flame_part(res, layers, by_shape, repeats):
     def run():
         for k, s in layers:
             merger(k, weights[s])
+        merger.check()   # (merge_on_read's one finiteness read when the load returns)
     med, all_ = wall(run, lambda: common.synchronize("cupy"), repeats)
     res.log("flame_s", round(med, 3))
     res.log("flame_all_s", [round(v, 3) for v in all_])

@@ -153,12 +153,16 @@ def merge_on_read(merger):
     """Within it, `fill_` passes each weight that `merger.keys(model)` names ({model key}) through `merger(key,
     tensor)` -- a LoRA merged in (pipeline.merged_loras.MergedLoRAs) -- as it reads it: before fp8_on_read's
     quantisation (a file's stored fp8 weight is read dequantised, merged and quantised again), before a streamer
-    packs it, with no second copy of the model. A key the load does not read is merger.error naming it."""
+    packs it, with no second copy of the model. A key the load does not read is merger.error naming it; when the
+    load returns, merger.check() (when it has one) raises for a merged weight that is not finite."""
     token = _MERGE_ON_READ.set(merger)
     try:
         yield
     finally:
         _MERGE_ON_READ.reset(token)
+    check = getattr(merger, "check", None)   # the load returned: the merged weights' finiteness, read once
+    if check is not None:
+        check()
 
 
 def stored_fp8_reader(ckpt, plan=None, combine=None):

@@ -34,6 +34,7 @@ class MergedLoRAs:
                 self.by_module.setdefault(module, []).extend((float(weight), p) for p in parts)
         self.device = None if device is None else flame.device(device)
         self.label, self.error = label, error
+        self._finite = []   # [(key, 0-d bool Tensor)]: each merged weight's finiteness, read back once by check()
 
     def describe(self):
         return self.label
@@ -44,22 +45,41 @@ class MergedLoRAs:
 
     def __call__(self, key, w):
         """`w` (a weight Tensor, the model's `key`) with the files' adapters merged in: computed in float32 on the
-        merger's device, rounded once to w's dtype, returned on w's device. A result that is not finite (an
-        overflow of w's dtype, or a file's values) is the error naming the key."""
+        merger's device, rounded once to w's dtype, returned on w's device. Whether the result is finite is noted on
+        the device (no host sync per weight); check() -- merge_on_read calls it when the load returns, merge_into
+        at its end -- reads every note at once."""
         entries = self.by_module[key[:-len(".weight")]]
         dev = self.device if self.device is not None else w.device
         base = w.detach().to(dev).to(flame.float32).array
         xp = backend.xp_of(base)
-        out = base.copy()
+        dora = any(p.kind == "dora" for _, p in entries)
+        # the float32 copy of another dtype or device is ours to add into; a DoRA's change is taken against W itself
+        out = base.copy() if dora or (w.dtype == flame.float32 and w.device == dev) else base
         for weight, p in entries:
             lo, hi = p.rows if p.rows is not None else (0, base.shape[0])
-            rows = base[lo:hi]
-            out[lo:hi] += weight * (p.merged_weight(rows, xp, np.float32) - rows)
+            if p.kind == "dora":
+                rows = base[lo:hi]
+                out[lo:hi] += weight * (p.merged_weight(rows, xp, np.float32) - rows)
+            else:   # LoRA / LoKr / LoHa: W + ΔW, so the change is ΔW itself (one pass fewer than W' − W)
+                d = p.delta_weight(xp, np.float32)
+                if weight != 1.0:
+                    d *= weight
+                out[lo:hi] += d.reshape(hi - lo, *base.shape[1:])
         merged = flame.as_tensor(out).to(w.dtype)
-        if not bool(flame.isfinite(merged).all()):
-            raise self.error(f"{self.label}: merging it into {key} gives values that are not finite (an overflow "
-                             f"of {w.dtype}, or a file's values)")
+        self._finite.append((key, str(w.dtype), flame.isfinite(merged).all()))
         return merged.to(w.device)
+
+    def check(self):
+        """The error naming the first merged weight that is not finite (an overflow of its dtype, or a file's
+        values), reading every weight's note in one host transfer; the notes are cleared."""
+        notes, self._finite = self._finite, []
+        if not notes:
+            return
+        ok = flame.stack([flag.to(notes[0][2].device) for _, _, flag in notes]).cpu().numpy()
+        for (key, dtype, _), good in zip(notes, ok):
+            if not good:
+                raise self.error(f"{self.label}: merging it into {key} gives values that are not finite (an "
+                                 f"overflow of {dtype}, or a file's values)")
 
     def merge_into(self, model):
         """Merge into `model`'s weights in place (a model already built: random, or handed over); a weight stored in
@@ -71,4 +91,5 @@ class MergedLoRAs:
                     raise self.error(f"{self.label}: {key} is stored in fp8, which cannot take a merged change; "
                                      f"merge into the weights before fp8 storage")
                 p.copy_(self(key, p))
+        self.check()
         return model

@@ -350,3 +350,29 @@ def test_the_merger_sums_weighted_changes_against_the_base_weight():
     ref = w.astype(np.float64)
     ref[2:6] = lora.merged_weight(ref[2:6])
     np.testing.assert_allclose(half.float().numpy(), ref, rtol=1e-2, atol=2e-2)
+
+
+def test_a_merge_that_overflows_is_named_once_the_load_returns(tmp_path, flux_file):
+    """A change that is not finite in the weight's dtype: the merger notes each weight's finiteness and check()
+    names the first bad key (one read for all of them); merge_on_read checks when the load returns, so the run
+    stops at setup with the ConfigError."""
+    from flame_models.pipeline.merged_loras import MergedLoRAs
+    g = np.random.default_rng(2)
+    big = A.formats.AdapterPart("lora", {"lora_down.weight": np.full((2, 6), 300.0, np.float32),
+                                         "lora_up.weight": np.full((4, 2), 300.0, np.float32)}, alpha=2.0)
+    small = A.formats.AdapterPart("lora", {"lora_down.weight": g.standard_normal((2, 6)).astype(np.float32),
+                                           "lora_up.weight": g.standard_normal((4, 2)).astype(np.float32)}, alpha=2.0)
+    merger = MergedLoRAs([(1.0, {"a": [small], "b": [big]})], "cpu", label="model.lora_path x", error=ConfigError)
+    w = flame.tensor(g.standard_normal((4, 6)).astype(np.float32), device="cpu").to(flame.float16)
+    merger("a.weight", w)
+    got = merger("b.weight", w)                              # 2 x 300 x 300 x 6 > float16's 65504
+    assert not np.isfinite(got.float().numpy()).all()
+    with pytest.raises(ConfigError, match=r"model.lora_path x: merging it into b.weight gives values that are not "
+                                          r"finite \(an overflow of flame.float16"):
+        merger.check()
+    merger.check()                                           # (the notes were read: nothing left to raise)
+    lora = _lora(tmp_path / "huge.safetensors", flux_file, scale=1e20)   # up @ down overflows float32
+    tr = Trainer(_config(tmp_path, "huge", flux_file, lora_path=lora), verbose=False)
+    with pytest.raises(ConfigError, match=r"model.lora_path .*huge.safetensors: merging it into \S+ gives values "
+                                          r"that are not finite"):
+        tr.setup()

@@ -89,3 +89,38 @@ def test_streamed_graphed_runs_merge_and_preview_without_the_assistant(tmp_path,
     for n in ADAPTED:
         got, want = _host(runs[None][0].model, n), _host(merged, n)
         assert (np.abs(got - want) <= (0.07 if quantize else 1e-2) * np.abs(want) + 1e-3).all(), n
+
+
+def test_a_text_encoder_part_on_cuda_with_t5_in_fp8_and_refused_for_a_streamed_t5(tmp_path, tiny_model):
+    """model.lora_path's CLIP-L and T5 parts on cuda with T5 in fp8 storage (its part kept as adapters beside the
+    fp8 weights): the cached embeddings are the generator's with the same file; under a budget that streams T5 the
+    T5 part is a ConfigError before anything is cached."""
+    from flame_models.flux import pipeline as FP
+    from flame_models.training.config import ConfigError
+
+    from .conftest import draw_images, image_config
+    from .test_base_loras_text import _cached, _caption, _flux_parts, te_lora_file
+    images = draw_images(tmp_path / "images", n_concept=2, n_other=1)
+    files = FP.find_flux_files(tiny_model)
+    with FP.load_text_encoders(files, dtype=flame.float32, device="cpu") as enc:
+        path = te_lora_file(str(tmp_path / "te.safetensors"), _flux_parts(enc), "kohya", seed=5)
+    cfg = _cuda(image_config(tmp_path, "te_cuda", tiny_model, images, steps=2,
+                             model={"lora_path": path, "quantize_te": True}))
+    tr = Trainer(cfg, verbose=False).setup()
+    caption = _caption(images)
+    got = _cached(tr, caption)
+    with FP.load_text_encoders(files, dtype=flame.bfloat16, device="cuda", t5_quantize="fp8", max_length=8,
+                               loras=[(path, 1.0)]) as ref:
+        assert A.adapter_names(ref.t5)                               # (fp8 storage: beside the weights)
+        want = {k: v.float().cpu().numpy()[0] for k, v in ref.encode([caption]).items()}
+    for k in want:
+        scale = np.abs(want[k]).max()
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=2e-2 * scale, err_msg=k)
+    assert np.isfinite(tr.train()["losses"]).all()
+    streamed = _cuda(image_config(tmp_path, "te_stream", tiny_model, images, steps=2, model={"lora_path": path}),
+                     budget="1GiB")
+    tr = Trainer(streamed, verbose=False)
+    with pytest.raises(ConfigError, match=r"holds T5EncoderModel adapters \(te3: .*streams from host memory under "
+                                          r"max_gpu_memory"):
+        tr.setup()
+    assert tr.prepared is None
