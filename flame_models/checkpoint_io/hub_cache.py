@@ -4,10 +4,12 @@ huggingface_hub, diffusers and ai-toolkit fill. FLAME never downloads: a repo th
 how to fetch it.
 
 The cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub (huggingface_hub's order). A model repo
-is its folder models--<org>--<name>; its files are under snapshots/<revision>/, and refs/main names the revision the
-last download of the main branch got. That revision is used; without refs/main, the only snapshot. Several snapshots
-and no refs/main is an error listing them (which one the user means is not for FLAME to guess). A revision named in
-refs/main must be a plain folder name under snapshots/ (the cache is someone else's files).
+is its folder models--<org>--<name> (matched without regard to case when no folder matches exactly: Hub ids ignore
+case, and the cache keeps the spelling the download asked for); its files are under snapshots/<revision>/, and
+refs/main names the revision the last download of the main branch got. That revision is used; without refs/main, the
+only snapshot. Several snapshots and no refs/main is an error listing them (which one the user means is not for FLAME
+to guess). A revision named in refs/main must be a plain folder name under snapshots/ (the cache is someone else's
+files).
 """
 import os
 import re
@@ -39,7 +41,9 @@ def snapshot(repo_id):
     """The folder of `repo_id`'s cached snapshot (refs/main's revision, else the only one), or None when the cache
     does not hold the repo. HubCacheError when it holds it ambiguously or refs/main names no snapshot."""
     org, name = repo_id.split("/")
-    repo = os.path.join(cache_root(), f"models--{org}--{name}")
+    repo = _repo_folder(f"models--{org}--{name}")
+    if repo is None:
+        return None
     snaps = os.path.join(repo, "snapshots")
     if not os.path.isdir(snaps):
         return None
@@ -60,6 +64,25 @@ def snapshot(repo_id):
         return None
     raise HubCacheError(f"{snaps} holds {len(found)} snapshots ({', '.join(found[:4])}) and no refs/main: give the "
                         f"path of the one to use")
+
+
+def _repo_folder(folder):
+    """The cache's folder `folder`, else the one whose name differs from it in case only (Hub ids ignore case:
+    SimpleTuner asks for black-forest-labs/flux.1-dev, diffusers' examples for FLUX.1-dev, and the cache keeps the
+    spelling asked for), else None; HubCacheError when several differ from it in case only."""
+    root = cache_root()
+    exact = os.path.join(root, folder)
+    if os.path.isdir(os.path.join(exact, "snapshots")):
+        return exact
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    near = sorted(n for n in names if n.lower() == folder.lower() and os.path.isdir(os.path.join(root, n, "snapshots")))
+    if len(near) > 1:
+        raise HubCacheError(f"{root} holds {', '.join(near)}: the same repo id in different cases; give the path of "
+                            f"the snapshot to use")
+    return os.path.join(root, near[0]) if near else None
 
 
 def resolve(value):

@@ -2,7 +2,9 @@
 
 - The caption of `a.png` is `a.<caption_ext>` (UTF-8, surrounding whitespace stripped); without one, the folder's
   `default_caption`; without that, the image is an error (DataError naming the files) - training on an empty
-  caption by accident is worse than stopping.
+  caption by accident is worse than stopping. `caption_from: filename` takes the image's name instead ("_" read as
+  spaces, SimpleTuner's filename captions), `caption_from: default_caption` gives every image default_caption
+  (SimpleTuner's instanceprompt); neither reads a caption file.
 - Trigger word (ai-toolkit's inject_trigger_into_prompt): `[trigger]` and `[name]` are replaced by it; a training
   caption that still lacks it gets it prepended ("ohwx " + caption). Sample prompts get the replacement only.
 - Caption dropout: per sample and epoch, with probability `caption_dropout_rate`, the caption becomes the dropout
@@ -41,6 +43,12 @@ import numpy as np
 from .errors import DataError
 
 TRIGGER_TOKENS = ("[trigger]", "[name]")
+
+
+def filename_caption(path):
+    """An image's caption from its file name (caption_from: filename): the name without its extension, each "_"
+    read as a space, as SimpleTuner's caption_strategy filename reads it ("a_red_cube.png" -> "a red cube")."""
+    return os.path.splitext(os.path.basename(path))[0].replace("_", " ").strip()
 
 
 def read_caption(path):

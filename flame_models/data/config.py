@@ -20,6 +20,10 @@ class DatasetConfig:
     folder_path: str = None              # images (png, jpg/jpeg, webp), searched recursively; hidden entries skipped
     caption_ext: str = "txt"             # caption of `a.png` is `a.txt` (a leading dot is accepted: ".txt")
     default_caption: str = None          # for images without a caption file (else: an error naming them)
+    caption_from: str = "file"           # FLAME: "file" (the caption file, else default_caption), "filename" (the
+                                         # image's name, "_" read as spaces: SimpleTuner's caption_strategy
+                                         # filename) or "default_caption" (every image's, caption files unread:
+                                         # SimpleTuner's instanceprompt)
     trigger_word: str = None             # this folder's trigger word (else the run's `trigger_word`)
     caption_dropout_rate: float = 0.0    # per sample and epoch, the caption becomes the dropout caption
     caption_tag_dropout_rate: float = 0.0  # kohya's: per sample and epoch each tag (but the kept ones) is dropped
@@ -43,6 +47,8 @@ class DatasetConfig:
     num_repeats: int = 1                 # every image appears this many times per epoch
     resolution: typing.Any = 512         # int or list (e.g. [512, 768, 1024]): one bucket set per resolution
     bucket_tolerance: int = 64           # ai-toolkit's name: bucket sides are multiples of this many pixels
+    max_aspect: float = 4.0              # FLAME: the buckets' widest aspect ratio, both ways; 1: square buckets
+                                         # only (kohya's enable_bucket = false, SimpleTuner's crop_aspect square)
     min_bucket_reso: int = None          # kohya's: no bucket side below this many pixels (None: no bound)
     max_bucket_reso: int = None          # kohya's: no bucket side above this many pixels
     random_crop: bool = False            # crop position drawn once per (image, repeat, resolution); else centred
@@ -68,8 +74,10 @@ LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "i
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
                 "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
                 "caption_tag_dropout_rate": 0.0, "secondary_separator": None, "caption_dropout_every_n_epochs": 0,
-                "enable_wildcard": False, "caption_lines": "all"}
+                "enable_wildcard": False, "caption_lines": "all", "caption_from": "file", "max_aspect": 4.0}
 CAPTION_LINES = ("all", "first", "random")
+CAPTION_FROM = ("file", "filename", "default_caption")
+MAX_ASPECT_BOUND = 8.0   # (a wider bucket is a strip of a few pixels)
 
 
 def resolutions(cfg):
@@ -129,6 +137,14 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     n = cfg.caption_dropout_every_n_epochs
     if not _is_int(n) or n < 0:
         e.append(f"{p}.caption_dropout_every_n_epochs: an integer >= 0 (0: never), got {n!r}")
+    if cfg.caption_from not in CAPTION_FROM:
+        e.append(f"{p}.caption_from: one of {', '.join(CAPTION_FROM)}, got {cfg.caption_from!r}")
+    elif cfg.caption_from == "default_caption" and not (isinstance(cfg.default_caption, str)
+                                                        and cfg.default_caption.strip()):
+        e.append(f"{p}.caption_from: default_caption gives every image default_caption, which is not set")
+    if not _is_number(cfg.max_aspect) or not 1 <= cfg.max_aspect <= MAX_ASPECT_BOUND:
+        e.append(f"{p}.max_aspect: a number in [1, {MAX_ASPECT_BOUND:g}] (1: square buckets only), got "
+                 f"{cfg.max_aspect!r}")
     if cfg.caption_lines not in CAPTION_LINES:
         e.append(f"{p}.caption_lines: one of {', '.join(CAPTION_LINES)}, got {cfg.caption_lines!r}")
     if not _is_int(cfg.keep_tokens) or cfg.keep_tokens < 0:

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import images as I
 from .buckets import Bucket, closest_bucket, make_buckets, place
-from .captions import CaptionRule, caption_path, read_caption, stable_seed
+from .captions import CaptionRule, caption_path, filename_caption, read_caption, stable_seed
 from .config import CACHE_FOLDER, LATER_FIELDS, caption_extension, resolutions, validate_dataset_config
 from .errors import DataError
 from .masks import MaskSpec, find_mask
@@ -154,6 +154,9 @@ class ImageDataset:
         for ci, c in enumerate(self.configs):
             ext = caption_extension(c)
             for path in I.list_images(c.folder_path, self.warnings.append):
+                if c.caption_from != "file":   # the image's name or default_caption: no caption file read
+                    jobs.append((ci, path, None))
+                    continue
                 cap = caption_path(path, ext)
                 refused = link_problem(cap, c.folder_path)    # a caption is read under the images' link policy
                 if refused is None and os.path.isfile(cap):
@@ -187,7 +190,9 @@ class ImageDataset:
             except DataError as ex:
                 bad.append(str(ex))
                 continue
-            if text is None or (text == "" and self.configs[ci].default_caption is not None):
+            if self.configs[ci].caption_from == "filename":
+                text = filename_caption(path)
+            elif text is None or (text == "" and self.configs[ci].default_caption is not None):
                 text = self.configs[ci].default_caption.strip()
             control = None
             if self.configs[ci].control_path is not None:
@@ -232,9 +237,9 @@ class ImageDataset:
             c = self.configs[ci]
             fitting = []
             for r in resolutions(c):
-                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso)
-                bs = sets.setdefault(key, make_buckets(r, c.bucket_tolerance, min_side=c.min_bucket_reso,
-                                                       max_side=c.max_bucket_reso))
+                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso, c.max_aspect)
+                bs = sets.setdefault(key, make_buckets(r, c.bucket_tolerance, max_aspect=c.max_aspect,
+                                                       min_side=c.min_bucket_reso, max_side=c.max_bucket_reso))
                 b = closest_bucket(rec.width, rec.height, bs)
                 fits = c.allow_upscale or place(rec.width, rec.height, b).scale <= 1.0 + 1e-9
                 if fits:

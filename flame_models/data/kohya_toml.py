@@ -18,12 +18,13 @@ kohya key -> FLAME dataset field:
     flip_aug -> flip_x                    (kohya flips each image at random per step; FLAME adds its mirror image to
                                            every epoch: both orientations seen equally often, the epoch twice as long
                                            -- said in the notes)
-    cache_latents_to_disk -> cache_latents_to_disk; cache_latents (FLAME always caches) and enable_bucket = true
-    (FLAME always buckets) are accepted
+    enable_bucket = true -> aspect-ratio buckets; false, or not set (kohya's default: its --enable_bucket is off
+    unless given) -> max_aspect = 1: every image cropped to the square resolution, as kohya trains without buckets
+    cache_latents_to_disk -> cache_latents_to_disk; cache_latents (FLAME always caches) is accepted
     batch_size (per [[datasets]]) -> train.batch_size: one for the run, so the entries must agree
 
 Every other key -- color_aug, face_crop_aug_range, token_warmup_*, metadata_file (fine-tuning
-JSON), conditioning_data_dir, a non-square resolution, enable_bucket = false, ... -- is an error naming the file, the
+JSON), conditioning_data_dir, a non-square resolution, ... -- is an error naming the file, the
 entry and the key: a setting FLAME would not apply is never dropped silently. The file is parsed with Python's tomllib.
 """
 import os
@@ -84,8 +85,9 @@ def read_toml(path, error=None, size_words="a dataset config is a few hundred"):
         raise error(f"{path}: not a TOML file: {e}") from None
 
 
-def read_dataset_config(path):
-    """(FLAME dataset dicts, the batch size or None, notes) from kohya's dataset TOML at `path`. KohyaConfigError
+def read_dataset_config(path, enable_bucket=False):
+    """(FLAME dataset dicts, the batch size or None, notes) from kohya's dataset TOML at `path`. enable_bucket: the
+    value of a subset that does not set it (kohya's --enable_bucket; off by default, as in kohya). KohyaConfigError
     for anything FLAME would not apply as kohya does (module docstring)."""
     doc = read_toml(path)
     _check_keys(doc, path, ("general", "datasets"))
@@ -97,7 +99,7 @@ def read_dataset_config(path):
     if not isinstance(general, dict) or not isinstance(entries, list) or not entries:
         raise KohyaConfigError(f"{path}: expected a [general] table and at least one [[datasets]] entry with "
                                f"[[datasets.subsets]]")
-    out, sizes, notes = [], set(), []
+    out, sizes, notes, square = [], set(), [], False
     for i, entry in enumerate(entries):
         where = f"{path} [[datasets]] #{i + 1}"
         if not isinstance(entry, dict):
@@ -115,10 +117,16 @@ def read_dataset_config(path):
             merged = {**general, **{k: v for k, v in entry.items() if k != "subsets"}, **sub}
             if "image_dir" not in merged:
                 raise KohyaConfigError(f"{sw}: no image_dir")
-            if merged.get("enable_bucket", True) is not True:
-                raise KohyaConfigError(f"{sw}: enable_bucket = false: FLAME always trains in aspect-ratio buckets "
-                                       f"(remove the key)")
+            bucket = merged.get("enable_bucket", enable_bucket)
+            if not isinstance(bucket, bool):
+                raise KohyaConfigError(f"{sw}.enable_bucket: true or false, got {bucket!r}")
             d = {_SAME[k]: v for k, v in merged.items() if k in _SAME}
+            if not bucket:   # kohya without buckets: every image cropped to the square resolution
+                d["max_aspect"] = 1.0
+                if not square:
+                    notes.append(f"{sw}: enable_bucket off (kohya's default unless a dataset or the arguments set it): "
+                                 f"every image is cropped to the square resolution, as kohya trains without buckets")
+                square = True
             if "resolution" in merged:
                 d["resolution"] = _resolution(merged["resolution"], sw)
             if not isinstance(merged.get("bucket_no_upscale", False), bool):

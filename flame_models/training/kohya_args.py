@@ -24,6 +24,7 @@ kohya argument -> FLAME setting:
         the denoiser alone; without either kohya trains the text encoders too -> train.train_text_encoder (SDXL's)
     fp8_base -> model.quantize fp8; t5xxl_max_token_length -> model.t5_max_length; v_parameterization ->
         model.is_v_pred
+    enable_bucket -> the dataset config's subsets that do not set it (off: square crops, data/kohya_toml.py)
     save_every_n_steps -> save.save_every, save_precision -> save.dtype; sample_prompts (kohya's prompt file) ->
         sample.prompts, sample_every_n_steps -> sample.sample_every, sample_sampler -> sample.sampler;
         log_with tensorboard -> logging.use_tensorboard
@@ -142,7 +143,7 @@ def read_kohya_args(path):
             proc.setdefault("train", {}).setdefault("lr_scheduler_params", {})[
                 "num_cycles" if key.endswith("cycles") else "power"] = value
         elif key in ("network_module", "network_args", "network_train_unet_only", "dataset_config",
-                     "sample_prompts", "cache_latents_to_disk"):
+                     "sample_prompts", "cache_latents_to_disk", "enable_bucket"):
             continue   # (below: they depend on each other)
         elif key == "fp8_base":
             if value:
@@ -179,6 +180,8 @@ def read_kohya_args(path):
         notes.append(f"{path}: max_train_epochs given with max_train_steps: the epochs set the length, as in kohya")
     if "save_every_n_epochs" in args and "save_every_n_steps" in args:
         errors.append(f"{path}: save_every_n_epochs and save_every_n_steps: FLAME saves on one schedule; give one")
+    if not isinstance(args.get("enable_bucket", False), bool):
+        errors.append(f"{path}: enable_bucket: true or false, got {args['enable_bucket']!r}")
     if "dataset_config" not in args:
         errors.append(f"{path}: no dataset_config: FLAME reads kohya's datasets from its dataset TOML (a "
                       f"train_data_dir of repeat-named folders is not read)")
@@ -188,7 +191,7 @@ def read_kohya_args(path):
         from ..data.kohya_toml import KohyaConfigError, read_dataset_config
         dc = _near(args["dataset_config"], path)
         try:
-            datasets, batch_size, more = read_dataset_config(dc)
+            datasets, batch_size, more = read_dataset_config(dc, enable_bucket=args.get("enable_bucket", False))
         except KohyaConfigError as e:
             raise ConfigError(f"{path}: dataset_config {e}") from None
         if args.get("cache_latents_to_disk"):

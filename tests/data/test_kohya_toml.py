@@ -17,6 +17,7 @@ keep_tokens = 1
 [[datasets]]
 resolution = 64
 batch_size = 2
+enable_bucket = true
 bucket_reso_steps = 32
 min_bucket_reso = 32
 max_bucket_reso = 96
@@ -72,8 +73,12 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
         {**common, "resolution": 128, "folder_path": "/data/a", "caption_dropout_rate": 0.05,
          "caption_prefix": "photo of", "keep_tokens_separator": "|||", "caption_tag_dropout_rate": 0.1,
          "secondary_separator": ";;;", "allow_upscale": False, "caption_dropout_every_n_epochs": 3,
-         "enable_wildcard": True, "caption_lines": "random"}]
-    assert len(notes) == 1 and "flip_aug" in notes[0] and "subset #1" in notes[0]
+         "enable_wildcard": True, "caption_lines": "random", "max_aspect": 1.0}]   # (no enable_bucket: kohya's off)
+    assert len(notes) == 2 and "flip_aug" in notes[0] and "subset #1" in notes[0]
+    assert "[[datasets]] #2 subset #1: enable_bucket off" in notes[1] and "cropped to the square" in notes[1]
+    # the arguments file's enable_bucket is the default of the subsets that do not set it
+    datasets, _, notes = read_dataset_config(path, enable_bucket=True)
+    assert all("max_aspect" not in d for d in datasets) and len(notes) == 1
 
 
 @pytest.mark.parametrize("text, words", [
@@ -83,8 +88,8 @@ def test_every_subset_becomes_a_dataset_with_kohyas_precedence(tmp_path):
      "[[datasets]] #1 subset #1: token_warmup_step: not supported"),
     ("[[datasets]]\nresolution = [1024, 768]\n[[datasets.subsets]]\nimage_dir = 'x'\n",
      "resolution: [1024, 768] is not square"),
-    ("[[datasets]]\nenable_bucket = false\n[[datasets.subsets]]\nimage_dir = 'x'\n",
-     "enable_bucket = false: FLAME always trains in aspect-ratio buckets"),
+    ("[[datasets]]\nenable_bucket = 'no'\n[[datasets.subsets]]\nimage_dir = 'x'\n",
+     "subset #1.enable_bucket: true or false, got 'no'"),
     ("[[datasets]]\nbatch_size = 1\n[[datasets.subsets]]\nimage_dir = 'x'\n"
      "[[datasets]]\nbatch_size = 4\n[[datasets.subsets]]\nimage_dir = 'y'\n", "batch sizes [1, 4]"),
     ("[[datasets]]\n[[datasets.subsets]]\nnum_repeats = 2\n", "subset #1: no image_dir"),

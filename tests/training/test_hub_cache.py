@@ -120,3 +120,22 @@ def test_generate_reads_a_repo_id_from_the_cache(tmp_path, tiny_model, monkeypat
     assert "--model black-forest-labs/FLUX.1-tiny: read from the Hugging Face cache" in capsys.readouterr().err
     assert generate.main(["--model", "black-forest-labs/FLUX.1-absent", "--prompt", "x", "--device", "cpu"]) == 2
     assert "`huggingface-cli download black-forest-labs/FLUX.1-absent` fills it" in capsys.readouterr().err
+
+
+def test_a_repo_id_matches_the_cache_without_regard_to_case(tmp_path, monkeypatch):
+    """Hub ids ignore case and the cache keeps the spelling the download asked for: SimpleTuner's
+    black-forest-labs/flux.1-dev finds diffusers' models--black-forest-labs--FLUX.1-dev; the exact spelling wins;
+    two spellings of one id in the cache are an error naming both."""
+    root = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    f = tmp_path / "w.safetensors"
+    f.write_bytes(b"x")
+    upper = _cached(root, "black-forest-labs/FLUX.1-dev", {"w.safetensors": str(f)})
+    assert hub_cache.snapshot("black-forest-labs/flux.1-dev") == upper
+    assert hub_cache.snapshot("black-forest-labs/FLUX.1-dev") == upper
+    lower = _cached(root, "black-forest-labs/flux.1-dev", {"w.safetensors": str(f)}, revision="feed")
+    assert hub_cache.snapshot("black-forest-labs/flux.1-dev") == lower       # (exact first)
+    assert hub_cache.snapshot("black-forest-labs/FLUX.1-dev") == upper
+    with pytest.raises(hub_cache.HubCacheError, match=r"models--black-forest-labs--FLUX.1-dev, "
+                                                      r"models--black-forest-labs--flux.1-dev: the same repo id"):
+        hub_cache.snapshot("black-forest-labs/Flux.1-Dev")

@@ -84,6 +84,12 @@ def test_each_argument_maps_to_its_setting(files):
     assert (proc["name"], proc["save"]) == ("my_flux_lora", {"save_every": 2, "dtype": "fp32"})
     said = "\n".join(notes)
     assert "sdpa: not used" in said and "cache_latents: " not in said and "cache_text_encoder_outputs: FLAME" in said
+    # kohya's --enable_bucket is off unless given: square crops; given, the subsets bucket
+    assert proc["datasets"][0]["max_aspect"] == 1.0 and "enable_bucket off" in said
+    with open(path, "a") as f:
+        f.write("enable_bucket = true\n")
+    proc, notes = read_kohya_args(path)
+    assert "max_aspect" not in proc["datasets"][0] and "enable_bucket" not in "\n".join(notes)
 
 
 def test_a_run_trains_from_it(files):

@@ -1,0 +1,58 @@
+"""caption_from (the caption file, the image's name, or default_caption for every image) and max_aspect (the
+buckets' widest aspect; 1: square crops only) of a dataset."""
+import pytest
+from make_images import write_caption, write_image
+
+from flame_models.data import DataError, DatasetConfig, ImageDataset, make_buckets
+from flame_models.data.config import validate_dataset_config
+
+
+def _folder(tmp_path):
+    root = tmp_path / "imgs"
+    write_caption(write_image(str(root / "a_red_cube.png"), 600, 400, seed=1), "from the file")
+    write_image(str(root / "sub" / "blue_ball_2.jpg"), 400, 600, seed=2, fmt="JPEG")    # no caption file
+    return str(root)
+
+
+def _captions(ds):
+    return sorted(ds.caption(i, 0) for i in range(len(ds)))
+
+
+def test_captions_from_file_names_or_one_default_caption(tmp_path):
+    root = _folder(tmp_path)
+    with pytest.raises(DataError, match="no caption file blue_ball_2.txt"):
+        ImageDataset([DatasetConfig(folder_path=root, resolution=128)], progress=False)
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=128, caption_from="filename")], progress=False)
+    assert _captions(ds) == ["a red cube", "blue ball 2"]          # (the .txt file is not read)
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=128, caption_from="default_caption",
+                                     default_caption="ohwx toy")], progress=False)
+    assert _captions(ds) == ["ohwx toy", "ohwx toy"]
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=128, default_caption="ohwx toy")], progress=False)
+    assert _captions(ds) == ["from the file", "ohwx toy"]           # ("file": the file, else default_caption)
+    # the trigger word and prefix rules apply to them as to a file's caption
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=128, caption_from="filename",
+                                     caption_prefix="photo of")], trigger_word="zkx", progress=False)
+    assert _captions(ds) == ["zkx photo of a red cube", "zkx photo of blue ball 2"]
+
+
+def test_max_aspect_bounds_the_buckets(tmp_path):
+    root = _folder(tmp_path)
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=256, caption_from="filename")], progress=False)
+    assert {(s.bucket.width, s.bucket.height) for s in ds.samples} == {(320, 192), (192, 320)}   # 3:2 and 2:3
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=256, caption_from="filename", max_aspect=1)],
+                      progress=False)
+    assert {(s.bucket.width, s.bucket.height) for s in ds.samples} == {(256, 256)}    # square crops only
+    assert max(b.aspect for b in make_buckets(512, 64, max_aspect=2.0)) <= 2.0
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"caption_from": "files"}, r"caption_from: one of file, filename, default_caption, got 'files'"),
+    ({"caption_from": "default_caption"}, r"caption_from: default_caption gives every image default_caption, "
+                                          r"which is not set"),
+    ({"max_aspect": 0.5}, r"max_aspect: a number in \[1, 8\] \(1: square buckets only\), got 0.5"),
+    ({"max_aspect": "wide"}, r"max_aspect: a number in \[1, 8\]"),
+])
+def test_bad_values_are_named(tmp_path, fields, words):
+    import re
+    problems = validate_dataset_config(DatasetConfig(folder_path=_folder(tmp_path), **fields), "datasets[0]")
+    assert any(re.search(words, p) for p in problems), problems
