@@ -159,7 +159,9 @@ class TrainSection:
     lr_scheduler_params: dict = field(default_factory=dict)  # cosine_with_restarts: num_cycles (1); polynomial:
                                                              # power (1.0), lr_end (1e-7) -- transformers' defaults
     lr_warmup_steps: int = 0
-    max_grad_norm: float = 1.0           # 0 disables clipping
+    max_grad_norm: float = 1.0           # 0 disables clipping (0 by default when max_grad_value is given)
+    max_grad_value: typing.Optional[float] = None  # clamp every gradient element to [-v, v] before the step
+                                         # (torch's clip_grad_value_; SimpleTuner's grad_clip_method value)
     scale_weight_norms: typing.Optional[float] = None  # kohya's max-norm regularisation: after each step a LoRA /
                                          # LoCon adapter whose ΔW norm exceeds this is scaled down to it (1.0 is
                                          # kohya's suggestion); None: off (flame_nn.adapters.max_norm)
@@ -631,6 +633,8 @@ def config_from_dict(data, source="<dict>", check_files=True):
         cfg.train.loss_type = AI_TOOLKIT_LOSS_TYPES[cfg.train.loss_type]
     _clean_quantize(cfg, p, errors)
     _clean_network_kwargs(cfg, p, errors)
+    if cfg.train.max_grad_value is not None and "train.max_grad_norm" not in given:
+        cfg.train.max_grad_norm = 0.0   # clipping by value: not by the (default) norm too unless asked
     if isinstance(cfg.logging.log_every, int) and "logging.log_every" in given:  # ai-toolkit's place for it
         if "log_every" in given and cfg.log_every != cfg.logging.log_every:
             errors.append(f"{p}logging.log_every: {cfg.logging.log_every} differs from {p}log_every "

@@ -572,7 +572,8 @@ class Trainer:
         opt = optimizers.make(t.optimizer, [{"params": ps, "lr": lr} for ps, lr in self._param_groups()], t.lr,
                               t.optimizer_params)
         if self.full and self.streamer is not None:
-            opt = flame_nn.offload.LayerwiseOptimizer(self.streamer, opt, max_grad_norm=t.max_grad_norm)
+            opt = flame_nn.offload.LayerwiseOptimizer(self.streamer, opt, max_grad_norm=t.max_grad_norm,
+                                                      max_grad_value=t.max_grad_value)
         return opt
 
     def _host_weights(self):
@@ -739,6 +740,8 @@ class Trainer:
                 ts.append(s)
         self.guard.after_backward(self.step + 1, indices, captions)  # queued on the device: no sync here
         self._step_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        if t.max_grad_value is not None:   # (after the finiteness guard: a clamp would hide an inf)
+            flame_nn.utils.clip_grad_value_(self.params, t.max_grad_value)
         if t.max_grad_norm > 0:  # the norm stays on the device: read only when a tracker logs it
             self._grad_norm = flame_nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
         self.optimizer.step()

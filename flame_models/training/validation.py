@@ -194,6 +194,9 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}train.lr_warmup_steps: {t.lr_warmup_steps} warm-up steps leave nothing of {t.steps} steps")
     if t.max_grad_norm < 0:
         e.append(f"{p}train.max_grad_norm: must be >= 0 (0 = no clipping), got {t.max_grad_norm}")
+    v = t.max_grad_value
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+        e.append(f"{p}train.max_grad_value: null (no clipping by value) or a number > 0, got {v!r}")
     if t.shift <= 0:
         e.append(f"{p}train.shift: must be > 0, got {t.shift}")
     if t.sigmoid_scale <= 0:

@@ -23,8 +23,9 @@ are refused.
 
 max_grad_norm: the whole model's gradient norm is not known before the first block is updated, so a block's gradients
 are clipped by their own norm (kohya clips each tensor by its own); `step()` does not clip the rest -- clip those
-yourself before it, as usual. Every block's gradient norm is computed anyway: `grads_finite()` reads whether all were
-finite since the last call (a device flag: no synchronisation).
+yourself before it, as usual. max_grad_value: each block's gradients clamped to [-v, v] first (an elementwise clip is
+the same block by block as over the whole model). Every block's gradient norm is computed anyway: `grads_finite()`
+reads whether all were finite since the last call (a device flag: no synchronisation).
 `paused()`: blocks' gradients are dropped without an update (auto-fit's measured steps: their norm is still taken,
 so the step's peak holds its temporaries).
 Rules: gradient accumulation across backward passes is not possible (a block is updated by every backward), and a
@@ -37,7 +38,7 @@ from flame_core.autograd import enable_grad, no_grad
 
 from ..optim.multi_tensor import keep_tables
 from ..utils import zero_grads
-from ..utils.clip_grad import _total_norm, clip_grads_with_norm_
+from ..utils.clip_grad import _total_norm, clip_grad_value_, clip_grads_with_norm_
 from ..utils.grads import grad_arrays
 from .host import OffloadError
 
@@ -48,7 +49,7 @@ class LayerwiseOptimizer:
     step, zero_grad, state_dict, load_state_dict) is the wrapped optimizer's: a learning-rate scheduler and
     checkpoints work on this object as on the optimizer."""
 
-    def __init__(self, streamer, optimizer, max_grad_norm=0.0):
+    def __init__(self, streamer, optimizer, max_grad_norm=0.0, max_grad_value=None):
         if not streamer.stream_trainable:
             raise OffloadError("LayerwiseOptimizer needs a BlockStreamer built with stream_trainable=True")
         if streamer._layerwise is not None:
@@ -59,7 +60,10 @@ class LayerwiseOptimizer:
                                f"optimizer: Adafactor, AdamW8bit, AdamW, Lion, ...")
         if not max_grad_norm >= 0:
             raise ValueError(f"LayerwiseOptimizer: max_grad_norm must be >= 0, got {max_grad_norm}")
+        if max_grad_value is not None and not float(max_grad_value) > 0:
+            raise ValueError(f"LayerwiseOptimizer: max_grad_value must be None or > 0, got {max_grad_value}")
         self.optimizer, self.max_grad_norm = optimizer, float(max_grad_norm)
+        self.max_grad_value = None if max_grad_value is None else float(max_grad_value)
         groups = optimizer.param_groups
         where = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
         self._blocks, in_blocks = [], set()
@@ -147,8 +151,13 @@ class LayerwiseOptimizer:
         with_grad = [p for p in params if p._grad is not None]
         if with_grad:   # (paused too: a measured step holds the norm's temporaries as an updating one does)
             norm = flame.as_tensor(_total_norm(grad_arrays(with_grad), 2.0, False))  # one reduction per buffer
+            clip_norm = norm
+            if self.max_grad_value is not None:   # (`norm`, of the gradients as they came, says whether finite)
+                clip_grad_value_(with_grad, self.max_grad_value)
+                if self.max_grad_norm > 0:
+                    clip_norm = flame.as_tensor(_total_norm(grad_arrays(with_grad), 2.0, False))
             if self.max_grad_norm > 0:
-                clip_grads_with_norm_(with_grad, self.max_grad_norm, norm)
+                clip_grads_with_norm_(with_grad, self.max_grad_norm, clip_norm)
         if with_grad and self._updating:
             ok = flame.isfinite(norm)
             self._finite = ok if self._finite is None else self._finite & ok

@@ -123,6 +123,28 @@ def test_max_grad_norm_clips_each_blocks_gradients_by_their_own_norm(device):
     assert not np.allclose(npy(ref2.blocks[0].fc1.weight), want["blocks.0.fc1.weight"], atol=1e-4)
 
 
+@pytest.mark.parametrize("norm", [0.0, 0.05])
+def test_max_grad_value_clamps_each_blocks_gradients_before_their_norm_clip(device, norm):
+    """max_grad_value: every block gradient clamped to [-v, v] (then, with max_grad_norm, clipped by the clamped
+    block's norm): the step of the whole model with clip_grad_value_ (and the per-block norm clip) after backward."""
+    ref, net = stack_pair(16, 4, device, seed=8)
+    x = 30 * flame.randn(6, 16, device=device)
+    make = OPTIMIZERS["adamw"]
+    opt_ref = make(list(ref.parameters()))
+    st, opt = layerwise(net, device, make, max_grad_norm=norm, max_grad_value=1e-3)
+
+    def clip(m):
+        nn.utils.clip_grad_value_(m.blocks.parameters(), 1e-3)
+        if norm:
+            block_clipped(m, norm)
+    for _ in range(2):
+        step_both(ref, opt_ref, net, opt, x, clip=clip)
+    want, got = {k: npy(v) for k, v in ref.state_dict().items()}, all_weights(net, st)
+    for k in want:
+        if k.startswith("blocks."):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-6, err_msg=k)
+
+
 def test_paused_drops_the_blocks_gradients_and_leaves_the_weights(device):
     _, net = stack_pair(16, 3, device, seed=2)
     st, opt = layerwise(net, device, OPTIMIZERS["adafactor"])
@@ -187,6 +209,9 @@ def test_coupled_optimizers_and_missing_parameters_are_refused(device):
     with pytest.raises(ValueError, match="max_grad_norm must be >= 0"):
         LayerwiseOptimizer(st, nn.optim.Adafactor(list(net.parameters()), lr=1e-3, relative_step=False),
                            max_grad_norm=-1)
+    with pytest.raises(ValueError, match="max_grad_value must be None or > 0"):
+        LayerwiseOptimizer(st, nn.optim.Adafactor(list(net.parameters()), lr=1e-3, relative_step=False),
+                           max_grad_value=0)
     frozen = stack_pair(16, 2, device)[1]
     frozen.blocks.requires_grad_(False)
     with pytest.raises(OffloadError, match="stream_trainable"):

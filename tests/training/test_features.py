@@ -9,6 +9,7 @@ from flame_models.data import ConcatDataset, SyntheticDataset
 from flame_models.data import SampleLoader as Loader
 from flame_models.training import progress as P
 from flame_models.training import trainer as T
+from flame_models.training.config import ConfigError
 from flame_models.training.trainer import Trainer
 
 from .conftest import make_samples, tiny_config
@@ -185,3 +186,36 @@ def test_objective_timesteps_follow_the_config(tmp_path, dataset_device):
     g = flame.Generator("cpu").manual_seed(0)
     s = tr.objective.sample_timesteps(20000, generator=g, num_tokens=4, device="cpu").numpy()
     assert np.median(s) == pytest.approx(5 * 0.5 / (1 + 4 * 0.5), abs=0.01)   # the shifted median of sigmoid(N)
+
+
+def _max_grads_at_step(tr, monkeypatch):
+    """The largest |gradient| and the gradients' global norm the optimizer's next step sees."""
+    seen = []
+    step = tr.optimizer.step
+
+    def spy(*a, **k):
+        grads = [p.grad.numpy().astype(np.float64) for p in tr.params if p.grad is not None]
+        seen.append((max(float(np.abs(g).max()) for g in grads), float(np.sqrt(sum((g * g).sum() for g in grads)))))
+        return step(*a, **k)
+    monkeypatch.setattr(tr.optimizer, "step", spy)
+    tr.train_step()
+    return seen[0]
+
+
+def test_max_grad_value_clamps_every_gradient_before_the_step(tmp_path, monkeypatch):
+    """train.max_grad_value (torch's clip_grad_value_, SimpleTuner's grad_clip_method value): no gradient the step
+    sees is beyond it; without it they are; max_grad_norm is then 0 unless given, and given, it clips the clamped
+    gradients by their norm."""
+    plain = Trainer(tiny_config(tmp_path, "gv0", train={"max_grad_norm": 0}), verbose=False).setup()
+    assert _max_grads_at_step(plain, monkeypatch)[0] > 1e-4
+    tr = Trainer(tiny_config(tmp_path, "gv", train={"max_grad_value": 1e-4}), verbose=False).setup()
+    assert tr.cfg.train.max_grad_norm == 0.0
+    top, _ = _max_grads_at_step(tr, monkeypatch)
+    assert 0 < top <= 1e-4 * (1 + 1e-6)
+    both = Trainer(tiny_config(tmp_path, "gv2", train={"max_grad_value": 1e-4, "max_grad_norm": 1e-4}),
+                   verbose=False).setup()
+    top, norm = _max_grads_at_step(both, monkeypatch)
+    assert top <= 1e-4 * (1 + 1e-6) and norm <= 1e-4 * (1 + 1e-4)
+    with pytest.raises(ConfigError, match=r"train.max_grad_value: null \(no clipping by value\) or a number > 0, "
+                                          r"got -1"):
+        tiny_config(tmp_path, "bad", train={"max_grad_value": -1})
