@@ -111,6 +111,12 @@ def parser():
                                                "dataset_config, ...) as the run's settings "
                                                "(flame_models/training/kohya_args.py says how each maps; "
                                                "default: none)")
+    add("--simpletuner-config", metavar="JSON", help="SimpleTuner's config.json (model_family, "
+                                                     "pretrained_model_name_or_path, lora_rank, learning_rate, "
+                                                     "data_backend_config, ...) with the multidatabackend.json it "
+                                                     "names, as the run's settings "
+                                                     "(flame_models/training/simpletuner_config.py says how each "
+                                                     "maps; default: none)")
     add("--validation", metavar="FOLDER", help="held-out images with captions: their loss at fixed timesteps and "
                                                "noise is logged every 250 steps (validation.csv, loss.png; the "
                                                "config's validation section; default: none)")
@@ -180,7 +186,7 @@ def _fresh_demo_name(folder, name):
 def build_config(a):
     """(TrainConfig, demo?, notes) from the parsed flags."""
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
-    demo = not (a.config or a.model or a.data or a.dataset_config or a.kohya_config)
+    demo = not (a.config or a.model or a.data or a.dataset_config or a.kohya_config or a.simpletuner_config)
     notes = []
     if a.control is not None and not a.data:   # (before the demo builds its inputs)
         raise ConfigError("--control: give the target images' folder too (--data)")
@@ -188,9 +194,17 @@ def build_config(a):
         raise ConfigError("--mask: give the images' folder too (--data)")
     if demo and a.arch is not None:
         raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
-    if a.config and a.kohya_config:
-        raise ConfigError("--kohya-config: the run's settings come from it; leave out --config")
-    if a.kohya_config:
+    if sum(bool(x) for x in (a.config, a.kohya_config, a.simpletuner_config)) > 1:
+        raise ConfigError("--config, --kohya-config and --simpletuner-config each give the run's settings; give one")
+    if a.simpletuner_config:
+        if a.dataset_config is not None:
+            raise ConfigError("--dataset-config: --simpletuner-config names its data_backend_config; give it there")
+        from .training.simpletuner_config import read_simpletuner_config
+        proc, st_notes = read_simpletuner_config(a.simpletuner_config)
+        data = proc
+        notes += st_notes
+        proc.setdefault("device", device)
+    elif a.kohya_config:
         if a.dataset_config is not None:
             raise ConfigError("--dataset-config: --kohya-config names its dataset_config; give it there")
         from .training.kohya_args import read_kohya_args

@@ -136,7 +136,7 @@ def test_lycoris_lokr_and_text_encoder_training(files):
     proc, notes = read_kohya_args(path)
     assert proc["network"] == {"type": "lokr", "linear": 4, "linear_alpha": 2, "lokr_factor": 4, "conv": 8}
     assert proc["train"]["train_text_encoder"] is True and any("kohya trains the text encoders" in n for n in notes)
-    with pytest.raises(ConfigError, match="--kohya-config: the run's settings come from it"):
+    with pytest.raises(ConfigError, match="--config, --kohya-config and --simpletuner-config each give"):
         train.build_config(train.parser().parse_args(["--kohya-config", path, "--config", path]))
 
 

@@ -1,0 +1,217 @@
+"""SimpleTuner's config.json and the multidatabackend.json it names read as a FLAME run (--simpletuner-config): each
+option to its FLAME setting with SimpleTuner's defaults where one is absent, each backend to a dataset, notes for
+what changes nothing, and an error naming the file and key for everything FLAME would not apply; then a run trains
+from it."""
+import json
+import os
+
+import pytest
+
+from flame_models import train
+from flame_models.training.config import ConfigError
+from flame_models.training.simpletuner_config import FLUX_TARGETS, read_simpletuner_config
+from flame_models.training.trainer import Trainer
+
+from .conftest import draw_images
+
+# SimpleTuner's flux.peft-lora example (simpletuner/examples), its data backend beside it, with some keys written the
+# way its config/config.json.example writes them ("--" and strings)
+CONFIG = {
+    "--base_model_precision": "fp8-torchao", "checkpoint_step_interval": 10, "controlnet": False,
+    "data_backend_config": "multidatabackend.json", "disable_bucket_pruning": True, "flow_schedule_shift": 3,
+    "fuse_qkv_projections": False, "grad_clip_method": "value", "gradient_checkpointing": True,
+    "hub_model_id": "simpletuner-example-flux-peft-lora", "--learning_rate": "1e-4", "lora_alpha": 16,
+    "lora_rank": 16, "lora_type": "standard", "lr_scheduler": "constant", "max_train_steps": 100,
+    "mixed_precision": "bf16", "model_family": "flux", "model_type": "lora", "num_eval_images": 25,
+    "num_train_epochs": 0, "optimizer": "adamw_bf16", "output_dir": "output/examples/flux.peft-lora",
+    "push_checkpoints_to_hub": False, "push_to_hub": "false", "quantize_via": "cpu", "report_to": "none",
+    "seed": 42, "tracker_project_name": "lora-training", "train_batch_size": 1, "use_ema": False,
+    "vae_batch_size": 1, "validation_disable_unconditional": True, "validation_guidance": 4.0,
+    "validation_guidance_rescale": 0.0, "validation_negative_prompt": "ugly, cropped",
+    "validation_num_inference_steps": 16, "validation_prompt": "a photo of ohwx", "validation_prompt_library": False,
+    "validation_resolution": "1024x768", "validation_seed": 42, "validation_steps": 50,
+}
+BACKENDS = [
+    {"id": "subject", "type": "local", "instance_data_dir": "{images}", "caption_strategy": "textfile",
+     "resolution": 1024, "resolution_type": "pixel_area", "minimum_image_size": 1024, "repeats": 2,
+     "cache_dir_vae": "cache/vae/flux/subject", "crop": False},
+    {"id": "text-embeds", "dataset_type": "text_embeds", "default": True, "type": "local",
+     "cache_dir": "cache/text/flux"},
+]
+
+
+def _write(tmp_path, config=None, backends=None, images="/data/images"):
+    folder = tmp_path / "st"
+    folder.mkdir(exist_ok=True)
+    (folder / "multidatabackend.json").write_text(json.dumps(
+        [{k: (v.format(images=images) if isinstance(v, str) else v) for k, v in b.items()}
+         for b in (BACKENDS if backends is None else backends)]))
+    path = folder / "config.json"
+    path.write_text(json.dumps(CONFIG if config is None else config))
+    return str(path)
+
+
+def test_each_option_maps_to_its_setting(tmp_path):
+    proc, notes = read_simpletuner_config(_write(tmp_path))
+    assert proc["model"] == {"name_or_path": "black-forest-labs/flux.1-krea-dev", "arch": "flux", "quantize": "fp8"}
+    assert (proc["training_folder"], proc["name"]) == (os.path.normpath("output/examples"), "flux.peft-lora")
+    assert proc["network"] == {"type": "lora", "linear": 16, "linear_alpha": 16, "dropout": 0.1,
+                               "target": FLUX_TARGETS["all"]}                      # (lora_dropout's default 0.1)
+    t = proc["train"]
+    assert (t["lr"], t["optimizer"], t["optimizer_params"]) == (1e-4, "adamw", {"betas": (0.9, 0.999),
+                                                                                "weight_decay": 1e-2, "eps": 1e-6})
+    assert (t["lr_scheduler"], t["lr_warmup_steps"], t["max_grad_value"], t["max_grad_norm"]) == \
+        ("constant", 0, 2.0, 0.0)                     # SimpleTuner clips by value at its default max_grad_norm 2.0
+    assert (t["steps"], t["batch_size"], t["gradient_checkpointing"], t["seed"], t["dtype"]) == \
+        (100, 1, True, 42, "bf16")
+    assert (t["timestep_type"], t["shift"], t["sigmoid_scale"]) == ("shift", 3, 1.0)
+    assert "epochs" not in t and "ema_config" not in t
+    assert proc["save"] == {"save_every": 10, "max_step_saves_to_keep": 5}
+    assert proc["sample"] == {"prompts": ["a photo of ohwx"], "sample_every": 50, "sample_steps": 16,
+                              "guidance_scale": 4.0, "seed": 42, "width": 1024, "height": 768}
+    assert proc["datasets"] == [{"folder_path": "/data/images", "num_repeats": 3, "caption_ext": "txt",
+                                 "caption_lines": "random", "caption_dropout_rate": 0.1, "resolution": 1024}]
+    said = "\n".join(notes)
+    for words in ("model_flavour: krea: the model is black-forest-labs/flux.1-krea-dev",
+                  "base_model_precision: fp8-torchao: FLAME stores the blocks' weights in fp8",
+                  "vae_batch_size: not used", "hub_model_id: the Hub settings: not used without push_to_hub",
+                  "validation_negative_prompt: Flux's previews take no negative prompt",
+                  "a text_embeds backend", "cache_dir_vae: FLAME caches latents itself",
+                  "minimum_image_size 1024: FLAME leaves out each image smaller than its bucket",
+                  "num_eval_images: FLAME runs no evaluation dataset"):
+        assert words in said, words
+
+
+def test_simpletuners_defaults_fill_what_the_file_leaves_out(tmp_path):
+    """A bare config: SimpleTuner's learning rate (4e-7), batch size (4), schedule (constant_with_warmup), LoRA alpha
+    (= the rank), caption dropout (0.1), resolution (1024 pixel_area) and filename captions with upscaling."""
+    cfg = {"model_family": "sdxl", "model_type": "lora", "optimizer": "bnb-adamw8bit", "output_dir": "out",
+           "data_backend_config": "multidatabackend.json", "max_train_steps": 10, "num_train_epochs": 0,
+           "lora_rank": 8, "seed": 1, "grad_clip_method": "norm", "max_grad_norm": 1.5}
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg, [{"id": "a", "instance_data_dir": "/d"}]))
+    assert proc["model"] == {"name_or_path": "stabilityai/stable-diffusion-xl-base-1.0", "arch": "sdxl"}
+    t = proc["train"]
+    assert (t["lr"], t["batch_size"], t["lr_scheduler"], t["optimizer"], t["max_grad_norm"]) == \
+        (4e-7, 4, "constant_with_warmup", "adamw8bit", 1.5)
+    assert "timestep_type" not in t and "max_grad_value" not in t                    # (SDXL: DDPM timesteps)
+    assert proc["network"]["linear_alpha"] == 8 and proc["network"]["target"] == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert proc["datasets"] == [{"folder_path": "/d", "caption_from": "filename", "caption_dropout_rate": 0.1,
+                                 "resolution": 1024, "allow_upscale": True}]
+    assert proc["sample"] == {"sample_every": 0} and any("validation_prompt: none: no previews" in n for n in notes)
+
+
+def test_backends_captions_crops_sizes_and_kontext_pairs(tmp_path):
+    cfg = dict(CONFIG, model_flavour="kontext", caption_dropout_probability=0.0)
+    del cfg["--base_model_precision"]
+    backends = [
+        {"id": "edits", "instance_data_dir": "/e", "caption_strategy": "instanceprompt",
+         "instance_prompt": "make it red", "resolution": 1.0, "resolution_type": "area", "crop": True,
+         "crop_style": "center", "conditioning_data": "refs"},
+        {"id": "refs", "dataset_type": "conditioning", "conditioning_type": "reference_strict",
+         "instance_data_dir": "/r"},
+        {"id": "more", "instance_data_dir": "/m", "caption_strategy": "filename", "prepend_instance_prompt": True,
+         "instance_prompt": "ohwx", "crop": True, "crop_aspect": "preserve", "resolution": 512,
+         "conditioning_data": ["refs"], "disable_multiline_split": True},
+        {"id": "off", "instance_data_dir": "/x", "disabled": True},
+    ]
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg, backends))
+    assert proc["model"]["arch"] == "flux_kontext" and proc["model"]["name_or_path"].endswith("flux.1-kontext-dev")
+    assert proc["datasets"] == [
+        {"folder_path": "/e", "caption_from": "default_caption", "default_caption": "make it red", "resolution": 1024,
+         "max_aspect": 1.0, "allow_upscale": True, "control_path": "/r"},
+        {"folder_path": "/m", "caption_from": "filename", "caption_prefix": "ohwx", "resolution": 512,
+         "random_crop": True, "allow_upscale": True, "control_path": "/r"}]
+    said = "\n".join(notes)
+    # 1 MP: a 1000 px side, to the nearest multiple of 64
+    assert "(edits): resolution 1.0 megapixels: buckets of 1024² pixels (1.049 MP" in said
+    assert "(off): disabled: skipped" in said
+
+
+def test_lycoris_schnell_and_the_cli(tmp_path):
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "lycoris_config.json").write_text(json.dumps(
+        {"algo": "lokr", "multiplier": 1.0, "linear_dim": 10000, "linear_alpha": 1, "factor": 16,
+         "full_matrix": True}))
+    cfg = dict(CONFIG, lora_type="lycoris", lycoris_config="lycoris_config.json", model_family="sdxl",
+               lr_scheduler="polynomial", lr_power=1.0, optimizer_config="weight_decay=0.0,eps=1e-8",
+               optimizer_beta2=0.99, use_ema="true", ema_decay=0.999, report_to="tensorboard")
+    del cfg["--base_model_precision"]
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg))
+    assert proc["network"] == {"type": "lokr", "linear": 10000, "linear_alpha": 1, "lokr_factor": 16,
+                               "lokr_full_rank": True, "target": ["to_q", "to_k", "to_v", "to_out.0"]}
+    t = proc["train"]
+    assert t["lr_scheduler_params"] == {"lr_end": 4e-7, "power": 1.0}
+    assert t["optimizer_params"] == {"betas": (0.9, 0.99), "weight_decay": 0.0, "eps": 1e-8}
+    assert t["ema_config"] == {"use_ema": True, "ema_decay": 0.999} and proc["logging"] == {"use_tensorboard": True}
+    schnell = dict(CONFIG, model_flavour="schnell")
+    proc, notes = read_simpletuner_config(_write(tmp_path, schnell))
+    assert proc["model"]["assistant_lora_path"] == "ostris/FLUX.1-schnell-training-adapter"
+    with pytest.raises(ConfigError, match="--config, --kohya-config and --simpletuner-config each give"):
+        train.build_config(train.parser().parse_args(["--simpletuner-config", "a.json", "--config", "b.yaml"]))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"push_to_hub": True}, "push_to_hub: FLAME does not upload"),
+    ({"--base_model_precision": "int8-quanto"}, "base_model_precision: 'int8-quanto': FLAME stores weights in fp8"),
+    ({"lr_scheduler": "cosine"}, "lr_scheduler: 'cosine': FLAME follows SimpleTuner's constant"),
+    ({"optimizer": "prodigy"}, "optimizer: 'prodigy': FLAME has adamw_bf16"),
+    ({"tread_config": {"routes": []}}, "tread_config: not supported by FLAME's SimpleTuner reader"),
+    ({"model_family": "pixart"}, "model_family: 'pixart': FLAME trains flux, sd3, sdxl, chroma, qwen_image"),
+    ({"num_train_epochs": 2}, "num_train_epochs: 2 with max_train_steps 100: SimpleTuner refuses both"),
+    ({"flux_guidance_mode": "random-range"}, "flux_guidance_mode: 'random-range'"),
+    ({"validation_resolution": "1024x1024,512x512"}, "validation_resolution: one WxH or N"),
+    ({"model_flavour": "edit-v1", "model_family": "qwen_image"}, "model_flavour: 'edit-v1': FLAME reads qwen_image's"),
+    ({"flux_lora_target": "ai-toolkit"}, "flux_lora_target: 'ai-toolkit': FLAME reads all, context"),
+    ({"lora_rank": "16.5"}, "lora_rank: an integer >= 1, got '16.5'"),
+    ({"model_type": None}, "model_type: lora or full"),
+])
+def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
+    cfg = dict(CONFIG)
+    for k, v in change.items():
+        if v is None:
+            cfg.pop(k)
+        else:
+            cfg[k] = v
+    with pytest.raises(ConfigError) as e:
+        read_simpletuner_config(_write(tmp_path, cfg))
+    assert words in str(e.value) and "config.json" in str(e.value)
+
+
+@pytest.mark.parametrize("backend, words", [
+    ({"type": "aws"}, "type 'aws': FLAME reads local folders"),
+    ({"probability": 0.5}, "probability 0.5: FLAME draws every image"),
+    ({"is_regularisation_data": True}, "is_regularisation_data: SimpleTuner trains there toward the base model's"),
+    ({"resolution_type": "pixel"}, "resolution_type 'pixel'"),
+    ({"caption_strategy": "parquet"}, "caption_strategy 'parquet'"),
+    ({"minimum_image_size": 512}, "minimum_image_size 512: FLAME either upscales"),
+    ({"crop": True, "crop_aspect": "random"}, "crop_aspect 'random'"),
+    ({"crop": True, "vae_cache_clear_each_epoch": True}, "vae_cache_clear_each_epoch with random crops"),
+    ({"repeats": -1}, "repeats: an integer >= 0"),
+    ({"instance_data_dir": None}, "instance_data_dir: required"),
+    ({"caption_filter_list": "x.txt"}, "caption_filter_list: not supported"),
+    ({"conditioning_data": "nope"}, "conditioning_data 'nope': names no conditioning backend"),
+])
+def test_backend_problems_are_named(tmp_path, backend, words):
+    b = dict(BACKENDS[0], **backend)
+    b = {k: v for k, v in b.items() if v is not None}
+    with pytest.raises(ConfigError) as e:
+        read_simpletuner_config(_write(tmp_path, backends=[b]))
+    assert words in str(e.value) and "multidatabackend.json backend #1 (subject)" in str(e.value)
+
+
+def test_a_run_trains_from_it(tmp_path, tiny_model):
+    images = draw_images(tmp_path / "images", n_concept=2, n_other=2)
+    cfg = {"model_family": "flux", "model_type": "lora", "pretrained_model_name_or_path": tiny_model,
+           "optimizer": "optimi-adamw", "learning_rate": 1e-3, "lora_rank": 4, "max_train_steps": 2,
+           "num_train_epochs": 0, "train_batch_size": 2, "mixed_precision": "no", "output_dir": str(tmp_path / "out"),
+           "data_backend_config": "multidatabackend.json", "checkpoint_step_interval": 2, "seed": 3}
+    backends = [{"id": "a", "instance_data_dir": images, "caption_strategy": "textfile", "resolution": 64}]
+    path = _write(tmp_path, cfg, backends)
+    config, demo, notes = train.build_config(train.parser().parse_args(["--simpletuner-config", path, "--device",
+                                                                        "cpu"]))
+    assert not demo and config.name == "out" and config.train.max_grad_value == 2.0 and config.network.linear == 4
+    assert config.datasets[0].allow_upscale and config.datasets[0].caption_lines == "random"
+    tr = Trainer(config, verbose=False)
+    result = tr.train()
+    assert len(result["losses"]) == 2 and all(v == v for v in result["losses"])
+    assert os.path.isfile(result["lora"])
