@@ -16,11 +16,12 @@ SimpleTuner option -> FLAME setting:
         unless disable_assistant_lora) -> model.assistant_lora_path
     output_dir -> training_folder / name (its parent and last folder)
     model_type lora | full; lora_type standard | lycoris (lycoris_config: algo lora / locon / loha / lokr,
-        linear_dim, linear_alpha, factor, full_matrix, conv_dim, conv_alpha, dropout, rank_dropout, module_dropout)
-        -> network.*; lora_rank, lora_alpha, lora_dropout -> network.linear / linear_alpha / dropout; the target:
-        SimpleTuner's module list for the family (flux_lora_target all | all+ffs | context | context+ffs | tiny |
-        nano for Flux and Chroma; to_q / to_k / to_v / to_out.0 for the others; LyCORIS's Attention modules) ->
-        network.target; init_lora -> network.pretrained_lora_path
+        linear_dim, linear_alpha, factor, full_matrix, conv_dim, conv_alpha, dropout, rank_dropout, module_dropout;
+        apply_preset when it is the default Attention target) -> network.*; validation_lycoris_strength ->
+        sample.network_multiplier; lora_rank, lora_alpha, lora_dropout -> network.linear / linear_alpha / dropout;
+        the target: SimpleTuner's module list for the family (flux_lora_target all | all+ffs | context |
+        context+ffs | tiny | nano for Flux and Chroma; to_q / to_k / to_v / to_out.0 for the others; LyCORIS's
+        Attention modules) -> network.target; init_lora -> network.pretrained_lora_path
     learning_rate, lr_warmup_steps, lr_scheduler constant | constant_with_warmup | linear | polynomial (lr_end,
         lr_power) -> train.*; optimizer adamw_bf16 (its betas, weight decay and eps) | torch-adamw | optimi-adamw |
         bnb-adamw8bit | optimi-lion | bnb-lion | adamw_schedulefree | torch-radam | torch-nadam, optimizer_config
@@ -334,12 +335,29 @@ class _Reader:
                          ("module_dropout", "module_dropout")):
             if k in ly:
                 net[field] = ly[k]
+        preset = ly.get("apply_preset")
+        if preset is not None:
+            # the default target written out ({"target_module": ["Attention"], "module_algo_map": {"Attention":
+            # {...}}}, SimpleTuner's SDXL example): its settings for Attention are the adapters' own
+            algo_map = preset.get("module_algo_map", {}) if isinstance(preset, dict) else None
+            extra = algo_map.get("Attention", {}) if isinstance(algo_map, dict) and set(algo_map) <= {"Attention"} \
+                else None
+            if not isinstance(preset, dict) or preset.get("target_module") != ["Attention"] \
+                    or set(preset) - {"target_module", "module_algo_map"} or not isinstance(extra, dict) \
+                    or set(extra) - {"factor", "linear_dim", "linear_alpha"}:
+                self.err(where, f"{cfg_path}: apply_preset: FLAME reads target_module [\"Attention\"] (SimpleTuner's "
+                                f"default) with module_algo_map settings factor / linear_dim / linear_alpha for it")
+            else:
+                for k, field in (("factor", "lokr_factor"), ("linear_dim", "linear"), ("linear_alpha", "linear_alpha")):
+                    if k in extra:
+                        net[field] = extra[k]
+        if ly.get("bypass_mode"):
+            self.note(where, "bypass_mode: LyCORIS's way of computing the adapter beside the weight, as FLAME does")
         known = {"algo", "multiplier", "linear_dim", "linear_alpha", "factor", "full_matrix", "conv_dim", "conv_alpha",
-                 "dropout", "rank_dropout", "module_dropout"}
+                 "dropout", "rank_dropout", "module_dropout", "apply_preset", "bypass_mode"}
         for k in ly:
             if k not in known:
-                self.err(where, f"{cfg_path}: {k}: not supported (FLAME reads {', '.join(sorted(known))}; "
-                                f"apply_preset's module classes are LyCORIS's own)")
+                self.err(where, f"{cfg_path}: {k}: not supported (FLAME reads {', '.join(sorted(known))})")
         net["target"] = list(LYCORIS_ATTENTION[family if family != "flux_kontext" else "flux"])
 
     def _optimizer(self):
@@ -436,8 +454,8 @@ class _Reader:
                 self.note("base_model_precision", f"{prec}: FLAME stores the blocks' weights in fp8 (e4m3, a scale "
                                                   f"per row)")
             else:
-                self.err("base_model_precision", f"{prec!r}: FLAME stores weights in fp8 (fp8-quanto, fp8-torchao, "
-                                                 f"...) or as they are (no_change)")
+                self.err("base_model_precision", f"{prec!r}: FLAME stores weights in fp8 or as they are: give "
+                                                 f"fp8-torchao (or any fp8-*: about int8's memory) or no_change")
         if self.flag("use_ema"):
             t["ema_config"] = {"use_ema": True, "ema_decay": self.number("ema_decay", low=0)}
 
@@ -596,6 +614,16 @@ class _Reader:
             self.note("hub_model_id", "the Hub settings: not used without push_to_hub")
         if self.flag("controlnet"):
             self.err("controlnet", "FLAME trains LoRAs and full fine-tunes of the model itself")
+        if self.flag("quantize_activations"):
+            self.err("quantize_activations", "FLAME quantises weights only (model.quantize)")
+        if self.flag("strict_epoch_limit") and "epochs" not in self.proc.get("train", {}):
+            self.err("strict_epoch_limit", "with max_train_steps: FLAME trains to the step count")
+        if self.given("validation_lycoris_strength"):
+            w = self.number("validation_lycoris_strength")
+            if self.args.get("lora_type") == "lycoris" and w is not None:
+                self.put("sample", "network_multiplier", w)
+            elif w not in (None, 1, 1.0):
+                self.err("validation_lycoris_strength", "LyCORIS's (lora_type lycoris) previews' weight")
         for k in _HINTS:
             if self.given(k):
                 self.used.add(k)
@@ -612,7 +640,8 @@ class _Reader:
                  "flow_use_uniform_schedule", "flow_use_beta_schedule", "flux_fast_schedule", "flux_guidance_mode",
                  "flux_guidance_value", "loss_type", "huber_c", "huber_schedule", "snr_gamma", "prediction_type",
                  "validation_prompt", "user_prompt_library", "validation_seed", "validation_guidance_skip_layers",
-                 "validation_guidance_skip_scale", "model_type"}
+                 "validation_guidance_skip_scale", "model_type", "quantize_activations", "strict_epoch_limit",
+                 "validation_lycoris_strength"}
         for k in self.args:
             if k not in read:
                 self.err(k, "not supported by FLAME's SimpleTuner reader (flame_models/training/simpletuner_config.py "

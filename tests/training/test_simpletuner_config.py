@@ -129,16 +129,19 @@ def test_backends_captions_crops_sizes_and_kontext_pairs(tmp_path):
 
 def test_lycoris_schnell_and_the_cli(tmp_path):
     (tmp_path / "st").mkdir()
-    (tmp_path / "st" / "lycoris_config.json").write_text(json.dumps(
-        {"algo": "lokr", "multiplier": 1.0, "linear_dim": 10000, "linear_alpha": 1, "factor": 16,
-         "full_matrix": True}))
+    (tmp_path / "st" / "lycoris_config.json").write_text(json.dumps(   # (SimpleTuner's SDXL LoKr example's, + one)
+        {"bypass_mode": True, "algo": "lokr", "multiplier": 1.0, "linear_dim": 10000, "linear_alpha": 1, "factor": 16,
+         "full_matrix": True, "apply_preset": {"target_module": ["Attention"],
+                                               "module_algo_map": {"Attention": {"factor": 12}}}}))
     cfg = dict(CONFIG, lora_type="lycoris", lycoris_config="lycoris_config.json", model_family="sdxl",
                lr_scheduler="polynomial", lr_power=1.0, optimizer_config="weight_decay=0.0,eps=1e-8",
-               optimizer_beta2=0.99, use_ema="true", ema_decay=0.999, report_to="tensorboard")
+               optimizer_beta2=0.99, use_ema="true", ema_decay=0.999, report_to="tensorboard",
+               validation_lycoris_strength=0.8)
     del cfg["--base_model_precision"]
     proc, notes = read_simpletuner_config(_write(tmp_path, cfg))
-    assert proc["network"] == {"type": "lokr", "linear": 10000, "linear_alpha": 1, "lokr_factor": 16,
+    assert proc["network"] == {"type": "lokr", "linear": 10000, "linear_alpha": 1, "lokr_factor": 12,
                                "lokr_full_rank": True, "target": ["to_q", "to_k", "to_v", "to_out.0"]}
+    assert proc["sample"]["network_multiplier"] == 0.8 and any("bypass_mode: LyCORIS's" in n for n in notes)
     t = proc["train"]
     assert t["lr_scheduler_params"] == {"lr_end": 4e-7, "power": 1.0}
     assert t["optimizer_params"] == {"betas": (0.9, 0.99), "weight_decay": 0.0, "eps": 1e-8}
@@ -153,6 +156,8 @@ def test_lycoris_schnell_and_the_cli(tmp_path):
 @pytest.mark.parametrize("change, words", [
     ({"push_to_hub": True}, "push_to_hub: FLAME does not upload"),
     ({"--base_model_precision": "int8-quanto"}, "base_model_precision: 'int8-quanto': FLAME stores weights in fp8"),
+    ({"quantize_activations": True}, "quantize_activations: FLAME quantises weights only"),
+    ({"strict_epoch_limit": "true"}, "strict_epoch_limit: with max_train_steps"),
     ({"lr_scheduler": "cosine"}, "lr_scheduler: 'cosine': FLAME follows SimpleTuner's constant"),
     ({"optimizer": "prodigy"}, "optimizer: 'prodigy': FLAME has adamw_bf16"),
     ({"tread_config": {"routes": []}}, "tread_config: not supported by FLAME's SimpleTuner reader"),
@@ -215,3 +220,19 @@ def test_a_run_trains_from_it(tmp_path, tiny_model):
     result = tr.train()
     assert len(result["losses"]) == 2 and all(v == v for v in result["losses"])
     assert os.path.isfile(result["lora"])
+
+
+@pytest.mark.parametrize("lycoris, words", [
+    ({"algo": "full"}, "algo 'full': FLAME trains lora, locon, loha, lokr"),
+    ({"algo": "lokr", "multiplier": 0.5}, "multiplier 0.5: FLAME's adapters train at weight 1"),
+    ({"algo": "lokr", "apply_preset": {"target_module": ["Attention", "FeedForward"]}},
+     "apply_preset: FLAME reads target_module [\"Attention\"]"),
+    ({"algo": "lokr", "use_tucker": True}, "use_tucker: not supported"),
+])
+def test_lycoris_configs_flame_would_not_apply_are_named(tmp_path, lycoris, words):
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "lycoris_config.json").write_text(json.dumps(lycoris))
+    cfg = dict(CONFIG, lora_type="lycoris", lycoris_config="lycoris_config.json")
+    with pytest.raises(ConfigError) as e:
+        read_simpletuner_config(_write(tmp_path, cfg))
+    assert words in str(e.value) and "lycoris_config" in str(e.value)
