@@ -1,4 +1,4 @@
-"""SimpleTuner's `config.json` (its training options; keys with or without the leading "--") and the
+"""SimpleTuner's `config.json` or `config.toml` (its training options; keys with or without the leading "--") and the
 `multidatabackend.json` it names (data_backend_config; data/simpletuner_backends.py) read as a FLAME run.
 
     proc, notes = read_simpletuner_config("config/config.json")   # a process mapping for config_from_dict
@@ -151,7 +151,11 @@ def _num(v, integer=False):
 def read_simpletuner_config(path):
     """(process mapping, notes) from SimpleTuner's config.json at `path`; ConfigError naming the file and key of each
     setting FLAME would not apply as SimpleTuner does (module docstring)."""
-    doc = read_json(path, ConfigError, "a SimpleTuner config.json")
+    if str(path).lower().endswith(".toml"):   # (SimpleTuner's config.toml: the same options)
+        from ..data.kohya_toml import read_toml
+        doc = read_toml(path, ConfigError, "a SimpleTuner config is a few kilobytes")
+    else:
+        doc = read_json(path, ConfigError, "a SimpleTuner config.json")
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected an object of SimpleTuner options (config.json)")
     args = {}

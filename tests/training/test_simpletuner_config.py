@@ -236,3 +236,13 @@ def test_lycoris_configs_flame_would_not_apply_are_named(tmp_path, lycoris, word
     with pytest.raises(ConfigError) as e:
         read_simpletuner_config(_write(tmp_path, cfg))
     assert words in str(e.value) and "lycoris_config" in str(e.value)
+
+
+def test_its_config_toml_reads_as_its_config_json(tmp_path):
+    path = _write(tmp_path)
+    toml = tmp_path / "st" / "config.toml"
+    lines = []
+    for k, v in CONFIG.items():
+        lines.append(f'"{k}" = ' + (json.dumps(v) if not isinstance(v, bool) else str(v).lower()))
+    toml.write_text("\n".join(lines) + "\n")
+    assert read_simpletuner_config(str(toml))[0] == read_simpletuner_config(path)[0]
