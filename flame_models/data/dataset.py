@@ -249,7 +249,7 @@ class ImageDataset:
             if not fitting:
                 r = resolutions(c)[0]
                 b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance, c.min_bucket_reso,
-                                                                c.max_bucket_reso)])
+                                                                c.max_bucket_reso, c.max_aspect)])
                 too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
                                  f"resolution {r} (images are never upscaled unless allow_upscale: true, or "
                                  f"--allow-upscale; or use a smaller resolution)")

@@ -43,6 +43,10 @@ def test_max_aspect_bounds_the_buckets(tmp_path):
                       progress=False)
     assert {(s.bucket.width, s.bucket.height) for s in ds.samples} == {(256, 256)}    # square crops only
     assert max(b.aspect for b in make_buckets(512, 64, max_aspect=2.0)) <= 2.0
+    # an image smaller than its square bucket is named with it
+    with pytest.raises(DataError, match=r"a_red_cube.png: 600x400 is smaller than its 512x512 bucket"):
+        ImageDataset([DatasetConfig(folder_path=root, resolution=512, caption_from="filename", max_aspect=1)],
+                     progress=False)
 
 
 @pytest.mark.parametrize("fields, words", [
