@@ -1,6 +1,6 @@
 """SimpleTuner's data backend config (`multidatabackend.json`, its --data_backend_config) read as FLAME's datasets.
 
-    datasets, notes = read_backends("config/multidatabackend.json", defaults)
+    datasets, notes, held_out = read_backends("config/multidatabackend.json", defaults)
 
 `defaults`: the config.json values a backend falls back to (resolution, resolution_type, minimum_image_size,
 maximum_image_size, target_downsample_size, caption_strategy, instance_prompt, prepend_instance_prompt,
@@ -24,13 +24,16 @@ An image backend (`dataset_type` image, the default; `type: local`) -> one FLAME
     caption_dropout_probability (config.json) -> caption_dropout_rate
     conditioning_data (Flux Kontext) -> control_path: the instance_data_dir of the `conditioning` backend it names
         (conditioning_type reference_strict: the control image of the same name)
+One `eval` backend -> the held-out folder of FLAME's validation loss (read with the first image backend's caption
+and bucket settings, so its own must agree; config.json's eval_steps_interval / eval_timesteps / num_eval_images say
+when and how: training/simpletuner_config.py).
 Notes, changing nothing FLAME trains on: text_embeds backends and an image backend's text_embeds id (FLAME encodes
 every caption once itself), cache_dir_vae, metadata_backend discovery / json, skip_file_discovery,
 preserve_data_backend_cache, hash_filenames, disabled backends (skipped), maximum_image_size /
 target_downsample_size without crops or equal to the resolution (FLAME resizes each image to its bucket in one step).
 Every other key or value -- other backend types (aws, csv, huggingface, ...), caption strategies parquet / csv,
 resolution_type pixel (the shorter edge), a probability other than 1, regularisation data (SimpleTuner's target
-there is the base model's prediction), eval / video datasets, random crops re-drawn each epoch
+there is the base model's prediction), several eval datasets, video datasets, random crops re-drawn each epoch
 (vae_cache_clear_each_epoch), ... -- is an error naming the file, the backend and the key: a setting FLAME would not
 apply is never dropped silently.
 """
@@ -76,13 +79,14 @@ def read_json(path, error, what):
 
 
 def read_backends(path, defaults):
-    """([FLAME dataset dicts], notes) from SimpleTuner's backend list at `path`; SimpleTunerConfigError naming the
-    file, backend and key of each setting FLAME would not apply as SimpleTuner does (module docstring)."""
+    """([FLAME dataset dicts], notes, the eval backend's held-out folder {folder_path[, control_path]} or None) from
+    SimpleTuner's backend list at `path`; SimpleTunerConfigError naming the file, backend and key of each setting
+    FLAME would not apply as SimpleTuner does (module docstring)."""
     doc = read_json(path, SimpleTunerConfigError, "a data backend config")
     if not isinstance(doc, list) or not doc or not all(isinstance(b, dict) for b in doc):
         raise SimpleTunerConfigError(f"{path}: expected a list of backend objects (SimpleTuner's "
                                      f"multidatabackend.json)")
-    notes, errors, images, conditioning = [], [], [], {}
+    notes, errors, images, evals, conditioning = [], [], [], [], {}
     for i, b in enumerate(doc):
         where = f"{path} backend #{i + 1}" + (f" ({b['id']})" if isinstance(b.get("id"), str) else "")
         if b.get("disabled") is True or b.get("disable") is True:
@@ -92,9 +96,9 @@ def read_backends(path, defaults):
         if kind == "text_embeds":
             notes.append(f"{where}: a text_embeds backend: {_NOTED['text_embeds']}")
             continue
-        if kind not in ("image", "conditioning"):
+        if kind not in ("image", "conditioning", "eval"):
             errors.append(f"{where}: dataset_type {kind!r}: FLAME reads image backends (and Flux Kontext's "
-                          f"conditioning ones)")
+                          f"conditioning ones, and one eval dataset)")
             continue
         if b.get("type", "local") != "local":
             errors.append(f"{where}: type {b.get('type')!r}: FLAME reads local folders (type local)")
@@ -114,18 +118,29 @@ def read_backends(path, defaults):
                               f"of the same name (reference_strict)")
             conditioning[b.get("id")] = folder
             continue
-        images.append((where, b, folder))
-    datasets = []
-    for where, b, folder in images:
+        (evals if kind == "eval" else images).append((where, b, folder))
+    datasets = [_image_backend(where, b, folder, defaults, conditioning, notes, errors)
+                for where, b, folder in images]
+    held_out = None
+    if len(evals) > 1:
+        errors.append(f"{path}: {len(evals)} eval backends: FLAME evaluates one held-out folder")
+    elif evals and datasets:
+        where, b, folder = evals[0]
         d = _image_backend(where, b, folder, defaults, conditioning, notes, errors)
-        if d is not None:
-            datasets.append(d)
+        # FLAME reads held-out images with datasets[0]'s captions and buckets: the eval backend must say the same
+        differ = sorted(k for k in set(d) | set(datasets[0])
+                        if k not in ("folder_path", "num_repeats", "control_path")
+                        and d.get(k) != datasets[0].get(k))
+        if differ:
+            errors.append(f"{where}: FLAME reads the held-out images with the first image backend's caption and "
+                          f"bucket settings; this one differs in {', '.join(differ)}")
+        held_out = {"folder_path": folder, **({"control_path": d["control_path"]} if "control_path" in d else {})}
     if not datasets and not errors:
         errors.append(f"{path}: no enabled image backend")
     if errors:
         raise SimpleTunerConfigError(f"{len(errors)} problem(s) in SimpleTuner's data backends:\n  "
                                      + "\n  ".join(errors))
-    return datasets, notes
+    return datasets, notes, held_out
 
 
 def _near(name, path):

@@ -40,10 +40,12 @@ SimpleTuner option -> FLAME setting:
         flux_guidance_value -> train.guidance; loss_type, huber_c; snr_gamma (SDXL) -> train.min_snr_gamma;
         prediction_type (SDXL) -> train.prediction_type; use_ema, ema_decay -> train.ema_config
     report_to tensorboard | wandb, tracker_project_name, tracker_run_name -> logging.*
+    an eval backend with eval_steps_interval, eval_timesteps (28), num_eval_images -> validation (folder_path,
+        every, timesteps, max_batches; seed 0)
 Notes, changing nothing FLAME trains: resume_from_checkpoint latest (FLAME resumes from the newest checkpoint),
 host and speed settings (vae_batch_size, quantize_via, disable_benchmark, disable_bucket_pruning,
 fuse_qkv_projections, aspect_bucket_rounding, compress_disk_cache, validation_torch_compile, ...), the hub settings
-without push_to_hub, num_eval_images, validation_disable_unconditional (FLAME renders no unconditional image).
+without push_to_hub, validation_disable_unconditional (FLAME renders no unconditional image).
 Every other key or value -- push_to_hub, controlnet, TREAD, int8 / int4 quantisation, SimpleTuner's own cosine /
 sine schedules, optimizers FLAME does not have, random-range guidance, ... -- is an error naming the file and the key:
 a setting FLAME would not apply is never dropped silently.
@@ -110,7 +112,7 @@ _HINTS = ("vae_batch_size", "quantize_via", "disable_benchmark", "disable_bucket
           "max_workers", "enable_xformers_memory_efficient_attention", "attention_mechanism", "vae_dtype",
           "text_encoder_precision", "webhook_config", "tracker_image_layout", "validation_prompt_library")
 _HUB = ("hub_model_id", "push_checkpoints_to_hub", "model_card_safe_for_work", "model_card_note")
-_INERT = {"num_eval_images": "FLAME runs no evaluation dataset (validation: holds out images for a loss)",
+_INERT = {"num_eval_images": None, "eval_steps_interval": None, "eval_timesteps": None, "eval_epoch_interval": None,
           "validation_disable_unconditional": "FLAME renders no unconditional image beside the previews",
           "validation_guidance_rescale": None, "validation_guidance_real": None, "data_backend_config": None,
           "lycoris_config": None, "model_flavour": None, "model_family": None, "output_dir": None,
@@ -578,6 +580,31 @@ class _Reader:
         if rescale is not None and _num(rescale) not in (0, 0.0):
             self.err("validation_guidance_rescale", "FLAME's previews do not rescale the guidance (0.0)")
 
+    def _evaluation(self, held_out):
+        """The eval backend's folder as FLAME's validation loss: every eval_steps_interval steps, at eval_timesteps
+        evenly spaced timesteps (SimpleTuner takes its scheduler's inference steps: a note), at most num_eval_images
+        batches, fixed noise (SimpleTuner seeds 0)."""
+        every = self.args.get("eval_steps_interval")
+        if self.given("eval_epoch_interval"):
+            self.err("eval_epoch_interval", "FLAME evaluates every N steps (eval_steps_interval)")
+            return
+        if held_out is None:
+            for k in ("eval_steps_interval", "num_eval_images", "eval_timesteps"):
+                if self.given(k):
+                    self.note(k, "no eval backend: not used (SimpleTuner evaluates none either)")
+            return
+        if every is None:
+            self.note("eval_steps_interval", "not set: the eval backend is not evaluated (SimpleTuner's too)")
+            return
+        n = self.number("eval_timesteps", integer=True, low=1) if self.given("eval_timesteps") else 28
+        v = {**held_out, "every": self.number("eval_steps_interval", integer=True, low=1), "timesteps": n,
+             "seed": 0}
+        if self.given("num_eval_images"):
+            v["max_batches"] = self.number("num_eval_images", integer=True, low=1)
+        self.proc["validation"] = v
+        self.note("eval_timesteps", f"{n} evenly spaced timesteps (SimpleTuner's are its scheduler's {n} inference "
+                                    f"steps, shifted): the same held-out loss, measured at other noise levels")
+
     def _prompt_library(self, name):
         path = name if os.path.isfile(name) else os.path.join(os.path.dirname(os.path.abspath(self.path)), name)
         try:
@@ -671,10 +698,11 @@ class _Reader:
             if defaults[k] is not None:
                 defaults[k] = _num(defaults[k])
         try:
-            datasets, notes = read_backends(path if os.path.isfile(path) else name, defaults)
+            datasets, notes, held_out = read_backends(path if os.path.isfile(path) else name, defaults)
         except SimpleTunerConfigError as e:
             self.errors.append(f"{self.path}: data_backend_config {e}")
             return
+        self._evaluation(held_out)
         if family == "flux_kontext" and not all("control_path" in d for d in datasets):
             self.errors.append(f"{self.path}: data_backend_config: Flux Kontext trains on edit pairs: every image "
                                f"backend needs conditioning_data (its reference images)")

@@ -78,7 +78,7 @@ def test_each_option_maps_to_its_setting(tmp_path):
                   "validation_negative_prompt: Flux's previews take no negative prompt",
                   "a text_embeds backend", "cache_dir_vae: FLAME caches latents itself",
                   "minimum_image_size 1024: FLAME leaves out each image smaller than its bucket",
-                  "num_eval_images: FLAME runs no evaluation dataset"):
+                  "num_eval_images: no eval backend: not used"):
         assert words in said, words
 
 
@@ -246,3 +246,25 @@ def test_its_config_toml_reads_as_its_config_json(tmp_path):
         lines.append(f'"{k}" = ' + (json.dumps(v) if not isinstance(v, bool) else str(v).lower()))
     toml.write_text("\n".join(lines) + "\n")
     assert read_simpletuner_config(str(toml))[0] == read_simpletuner_config(path)[0]
+
+
+def test_an_eval_backend_is_the_validation_loss(tmp_path):
+    backends = [dict(BACKENDS[0], instance_data_dir="/train"),
+                {"id": "held", "dataset_type": "eval", "instance_data_dir": "/held", "caption_strategy": "textfile",
+                 "resolution": 1024, "minimum_image_size": 1024}]
+    cfg = dict(CONFIG, eval_steps_interval=25, num_eval_images=4)
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg, backends))
+    assert proc["validation"] == {"folder_path": "/held", "every": 25, "timesteps": 28, "seed": 0, "max_batches": 4}
+    assert [d["folder_path"] for d in proc["datasets"]] == ["/train"]
+    assert any("eval_timesteps: 28 evenly spaced timesteps" in n for n in notes)
+    # without an interval SimpleTuner does not evaluate: nor does FLAME
+    proc, notes = read_simpletuner_config(_write(tmp_path, CONFIG, backends))
+    assert "validation" not in proc and any("eval_steps_interval: not set" in n for n in notes)
+    # the held-out images are read with the first backend's caption and bucket settings
+    backends[1]["caption_strategy"] = "filename"
+    with pytest.raises(ConfigError, match=r"\(held\): FLAME reads the held-out images with the first image backend's "
+                                          r"caption and bucket settings; this one differs in caption_ext, "
+                                          r"caption_from, caption_lines"):
+        read_simpletuner_config(_write(tmp_path, cfg, backends))
+    with pytest.raises(ConfigError, match="2 eval backends"):
+        read_simpletuner_config(_write(tmp_path, cfg, backends + [dict(backends[1], id="again")]))
