@@ -112,7 +112,13 @@ _HINTS = ("vae_batch_size", "quantize_via", "disable_benchmark", "disable_bucket
           "max_workers", "enable_xformers_memory_efficient_attention", "attention_mechanism", "vae_dtype",
           "text_encoder_precision", "webhook_config", "tracker_image_layout", "validation_prompt_library")
 _HUB = ("hub_model_id", "push_checkpoints_to_hub", "model_card_safe_for_work", "model_card_note")
-_INERT = {"num_eval_images": None, "eval_steps_interval": None, "eval_timesteps": None, "eval_epoch_interval": None,
+_INERT = {"vae_cache_ondemand": "FLAME encodes every image once before training (the same latents: its crops are "
+                                "drawn once per image and repeat)",
+          "gradient_checkpointing_interval": "FLAME checkpoints every block (memory and speed only: the same "
+                                             "training)",
+          "conditioning_multidataset_sampling": "FLAME pairs each edit with one conditioning dataset: nothing to "
+                                                "sample between",
+          "num_eval_images": None, "eval_steps_interval": None, "eval_timesteps": None, "eval_epoch_interval": None,
           "validation_disable_unconditional": "FLAME renders no unconditional image beside the previews",
           "validation_guidance_rescale": None, "validation_guidance_real": None, "data_backend_config": None,
           "lycoris_config": None, "model_flavour": None, "model_family": None, "output_dir": None,

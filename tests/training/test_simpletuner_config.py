@@ -268,3 +268,14 @@ def test_an_eval_backend_is_the_validation_loss(tmp_path):
         read_simpletuner_config(_write(tmp_path, cfg, backends))
     with pytest.raises(ConfigError, match="2 eval backends"):
         read_simpletuner_config(_write(tmp_path, cfg, backends + [dict(backends[1], id="again")]))
+
+
+def test_memory_and_speed_settings_are_notes(tmp_path):
+    cfg = dict(CONFIG, vae_cache_ondemand=True, gradient_checkpointing_interval=2,
+               conditioning_multidataset_sampling="random")
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg))
+    said = "\n".join(notes)
+    assert proc == read_simpletuner_config(_write(tmp_path, CONFIG))[0]       # nothing else changed
+    for words in ("vae_cache_ondemand: FLAME encodes every image once", "gradient_checkpointing_interval: FLAME "
+                  "checkpoints every block", "conditioning_multidataset_sampling: FLAME pairs each edit"):
+        assert words in said, words
