@@ -183,6 +183,17 @@ def _fresh_demo_name(folder, name):
     return cand
 
 
+def _peer_config(a):
+    """(flag, path, what it names for its datasets, reader) of the peer settings file given, or None."""
+    if a.simpletuner_config:
+        from .training.simpletuner_config import read_simpletuner_config
+        return "--simpletuner-config", a.simpletuner_config, "data_backend_config", read_simpletuner_config
+    if a.kohya_config:
+        from .training.kohya_args import read_kohya_args
+        return "--kohya-config", a.kohya_config, "dataset_config", read_kohya_args
+    return None
+
+
 def build_config(a):
     """(TrainConfig, demo?, notes) from the parsed flags."""
     device = a.device or ("cuda" if flame.cuda_is_available() else "cpu")
@@ -196,21 +207,14 @@ def build_config(a):
         raise ConfigError(f"--arch {a.arch}: give --model (or --config); the no-argument demo trains the tiny Flux")
     if sum(bool(x) for x in (a.config, a.kohya_config, a.simpletuner_config)) > 1:
         raise ConfigError("--config, --kohya-config and --simpletuner-config each give the run's settings; give one")
-    if a.simpletuner_config:
+    peer = _peer_config(a)   # a peer's settings file: kohya's arguments, SimpleTuner's config
+    if peer is not None:
+        flag, path, names, read = peer
         if a.dataset_config is not None:
-            raise ConfigError("--dataset-config: --simpletuner-config names its data_backend_config; give it there")
-        from .training.simpletuner_config import read_simpletuner_config
-        proc, st_notes = read_simpletuner_config(a.simpletuner_config)
+            raise ConfigError(f"--dataset-config: {flag} names its {names}; give it there")
+        proc, peer_notes = read(path)
         data = proc
-        notes += st_notes
-        proc.setdefault("device", device)
-    elif a.kohya_config:
-        if a.dataset_config is not None:
-            raise ConfigError("--dataset-config: --kohya-config names its dataset_config; give it there")
-        from .training.kohya_args import read_kohya_args
-        proc, kohya_notes = read_kohya_args(a.kohya_config)
-        data = proc
-        notes += kohya_notes
+        notes += peer_notes
         proc.setdefault("device", device)
     elif a.config:
         data = read_yaml(a.config)

@@ -151,6 +151,9 @@ def test_lycoris_schnell_and_the_cli(tmp_path):
     assert proc["model"]["assistant_lora_path"] == "ostris/FLUX.1-schnell-training-adapter"
     with pytest.raises(ConfigError, match="--config, --kohya-config and --simpletuner-config each give"):
         train.build_config(train.parser().parse_args(["--simpletuner-config", "a.json", "--config", "b.yaml"]))
+    for flag, names in (("--simpletuner-config", "data_backend_config"), ("--kohya-config", "dataset_config")):
+        with pytest.raises(ConfigError, match=f"--dataset-config: {flag} names its {names}; give it there"):
+            train.build_config(train.parser().parse_args([flag, "a", "--dataset-config", "d.toml"]))
 
 
 @pytest.mark.parametrize("change, words", [
