@@ -33,6 +33,7 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
                    "model.use_t5": "Flux always encodes with T5",
                    "model.clip_g_path": "Flux has no CLIP-G (model.arch sd3 or sdxl has)"}
     spec_errors = (FluxCheckpointError, KeyError, ValueError)
+    takes_text_loras = True
 
     # ------------------------------------------------------------------ before anything is loaded
     def preset(self, size):

@@ -44,6 +44,7 @@ class SD3Family(FlowSamplerPreviews, FlowMatchingFamily):
     field_notes = {**{k: _DDPM_NOTE for k in DDPM_FIELDS},
                    "train.guidance": "SD3 has no guidance embedding; previews use CFG (sample.guidance_scale)"}
     spec_errors = (SD3CheckpointError, KeyError, ValueError, OSError)
+    takes_text_loras = True
 
     # ------------------------------------------------------------------ before anything is loaded
     def apply_defaults(self, cfg):

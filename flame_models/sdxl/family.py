@@ -68,6 +68,7 @@ class SDXLFamily(DiffusionFamily):
     model_sizes = ("sdxl-base", "sdxl-tiny")
     target_presets = TARGET_PRESETS
     conv_targets, conv_linear_targets = CONV_TARGETS, tuple(RESNET_LINEAR_TARGETS)   # kohya's conv_dim set
+    takes_text_loras = True
     text_encoder_targets = tuple(TEXT_ENCODER_TARGETS)                                # kohya's CLIP set
     config_defaults = {"name": "sdxl_lora", "train.noise_scheduler": "ddpm", "sample.guidance_scale": 5.0}
     fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path")

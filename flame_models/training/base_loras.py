@@ -202,12 +202,12 @@ def _check_text_part(cfg, family, setting, path, te_keys, device, budget, captio
         raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}), but this run trains on "
                           f"precomputed samples, whose text conditioning was encoded without them: train from image "
                           f"folders, or give a file without them")
+    if not family.takes_text_loras:   # (before any encoder is built)
+        raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}); the {family.name} "
+                          f"family applies LoRAs to its denoiser only: give a file without them")
     with structure_only():
         encoders = family.load_text_encoders(cfg.model, "cpu")
     parts = family.text_lora_parts(encoders)
-    if parts is None:
-        raise ConfigError(f"{where}: holds text-encoder adapters (keys such as {te_keys[0]}); the {family.name} "
-                          f"family applies LoRAs to its denoiser only: give a file without them")
     have = {}
     for comps, encoder in parts:
         for c in (comps,) if isinstance(comps, str) else comps:

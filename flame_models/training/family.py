@@ -65,10 +65,11 @@ Trained text encoders (train.train_text_encoder; sdxl/family.py; text_training.p
                                         CLIPAttention / CLIPMLP set); None: the family cannot train them
     trainable_text_encoders(encoders)   [(component, encoder)] of load_text_encoders' object: 'te1' / 'te2', the
                                         LoRA files' names for them (flame_nn.adapters.formats.load's component)
+    takes_text_loras                    whether a LoRA file's text-encoder part applies to its encoders
+                                        (model.lora_path's: base_loras.py); then:
     text_lora_parts(encoders)           [(component or tuple of components, encoder)] of load_text_encoders' object
-                                        that a LoRA file's text-encoder part applies to ('te1', 'te2', 'te3'; Flux's
-                                        T5 is kohya's te3 and diffusers' te2), or None: the family's encoders take
-                                        none (model.lora_path's text-encoder part: base_loras.py)
+                                        that the part applies to ('te1', 'te2', 'te3'; Flux's T5 is kohya's te3 and
+                                        diffusers' te2)
     streamed_text_components(model_cfg, device, budget)   the components whose encoder streams from host memory
                                         under the budget (Flux's and SD3's T5): a LoRA part for it is refused
     caption_tokens(encoders, captions)  {key: (N, ...) int64} token ids per caption (tokenised once, kept per
@@ -161,6 +162,7 @@ class ModelFamily:
     conv_targets = None
     conv_linear_targets = ()
     text_encoder_targets = None
+    takes_text_loras = False
     control_images = False        # whether it trains on datasets' control_path images ("control_latents")
     takes_negative_prompt = False  # whether its previews run CFG against a negative prompt (negative_prompt; a
                                    # sample prompt's --n)
