@@ -206,9 +206,8 @@ def released_clip(kind):
 
 def random_clip(config, projection, device, generator):
     """A frozen CLIPTextModel[WithProjection] of `config` with random weights drawn on `device`."""
-    from ..text_encoders import CLIPTextModel, CLIPTextModelWithProjection
+    from ..text_encoders import CLIPTextModel, CLIPTextModelWithProjection, is_structure_only
     cls = CLIPTextModelWithProjection if projection else CLIPTextModel
-    from ..text_encoders import is_structure_only
     structure = is_structure_only()   # (its layers only: text_encoders/structure.py)
     with flame_nn.empty_init(device="cpu" if structure else flame.device(device), dtype=te_dtype(device)):
         model = cls(config)
