@@ -29,7 +29,8 @@ SimpleTuner option -> FLAME setting:
     max_grad_norm with grad_clip_method value (SimpleTuner's default) -> train.max_grad_value, norm ->
         train.max_grad_norm
     max_train_steps / num_train_epochs, train_batch_size, gradient_accumulation_steps, gradient_checkpointing, seed,
-        mixed_precision -> train.*; base_model_precision fp8-* -> model.quantize fp8
+        mixed_precision -> train.*; base_model_precision fp8-* -> model.quantize fp8; text_encoder_N_precision fp8-*
+        for the family's T5 (Qwen-Image's Qwen2.5-VL) -> model.quantize_te; base_model_default_dtype -> model.dtype
     checkpoint_step_interval (checkpointing_steps), checkpoints_total_limit -> save.save_every /
         max_step_saves_to_keep
     validation_prompt, user_prompt_library (its prompts), validation_step_interval (validation_steps),
@@ -67,6 +68,8 @@ FLAVOURS = {
     "chroma": {"base": "lodestones/Chroma1-Base", "hd": "lodestones/Chroma1-HD", "flash": "lodestones/Chroma1-Flash"},
     "qwen_image": {"v1.0": "Qwen/Qwen-Image", "v2.0": "Qwen/Qwen-Image-2512"},
 }
+# which text_encoder_N is the family's large encoder (T5; Qwen-Image's Qwen2.5-VL), the one FLAME can hold in fp8
+T5_INDEX = {"flux": 2, "flux_kontext": 2, "sd3": 3, "chroma": 1, "qwen_image": 1}
 DEFAULT_FLAVOUR = {"flux": "krea", "sd3": "medium", "sdxl": "base-1.0", "chroma": "base", "qwen_image": "v2.0"}
 SCHNELL_ASSISTANT = "ostris/FLUX.1-schnell-training-adapter"
 # SimpleTuner's LoRA targets: PEFT module-name suffixes (its fused to_qkv / add_qkv_proj exist only with
@@ -468,8 +471,31 @@ class _Reader:
             else:
                 self.err("base_model_precision", f"{prec!r}: FLAME stores weights in fp8 or as they are: give "
                                                  f"fp8-torchao (or any fp8-*: about int8's memory) or no_change")
+        self._text_encoder_precision()
+        dt = self.get("base_model_default_dtype")
+        if dt is not None:
+            if dt not in ("bf16", "fp32"):
+                self.err("base_model_default_dtype", f"bf16 or fp32, got {dt!r}")
+            else:
+                self.put("model", "dtype", dt)
         if self.flag("use_ema"):
             t["ema_config"] = {"use_ema": True, "ema_decay": self.number("ema_decay", low=0)}
+
+    def _text_encoder_precision(self):
+        """text_encoder_N_precision: fp8 for the family's T5 (Qwen-Image: Qwen2.5-VL) -> model.quantize_te; a CLIP
+        stays as it is (no_change)."""
+        big = T5_INDEX.get(self.family)
+        for i in range(1, 5):
+            key = f"text_encoder_{i}_precision"
+            v = self.get(key)
+            if v in (None, "no_change"):
+                continue
+            if i == big and str(v).startswith("fp8"):
+                self.put("model", "quantize_te", True)
+                self.note(key, f"{v}: FLAME stores the text encoder's Linear weights in fp8 (model.quantize_te)")
+            else:
+                self.err(key, f"{v!r}: FLAME stores " + ("this text encoder as it is (no_change)" if i != big else
+                                                         "it in fp8 (any fp8-*) or as it is (no_change)"))
 
     def _timesteps(self, family):
         t = self.proc.setdefault("train", {})
@@ -678,7 +704,8 @@ class _Reader:
                  "flux_guidance_value", "loss_type", "huber_c", "huber_schedule", "snr_gamma", "prediction_type",
                  "validation_prompt", "user_prompt_library", "validation_seed", "validation_guidance_skip_layers",
                  "validation_guidance_skip_scale", "model_type", "quantize_activations", "strict_epoch_limit",
-                 "validation_lycoris_strength"}
+                 "validation_lycoris_strength", "base_model_default_dtype"}
+        read |= {f"text_encoder_{i}_precision" for i in range(1, 5)}
         for k in self.args:
             if k not in read:
                 self.err(k, "not supported by FLAME's SimpleTuner reader (flame_models/training/simpletuner_config.py "

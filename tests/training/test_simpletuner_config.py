@@ -4,6 +4,7 @@ what changes nothing, and an error naming the file and key for everything FLAME 
 from it."""
 import json
 import os
+import re
 
 import pytest
 
@@ -282,3 +283,17 @@ def test_memory_and_speed_settings_are_notes(tmp_path):
     for words in ("vae_cache_ondemand: FLAME encodes every image once", "gradient_checkpointing_interval: FLAME "
                   "checkpoints every block", "conditioning_multidataset_sampling: FLAME pairs each edit"):
         assert words in said, words
+
+
+def test_text_encoder_precisions_and_the_default_dtype(tmp_path):
+    cfg = dict(CONFIG, text_encoder_1_precision="no_change", text_encoder_2_precision="fp8-torchao",
+               base_model_default_dtype="fp32")
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg))
+    assert proc["model"]["quantize_te"] is True and proc["model"]["dtype"] == "fp32"
+    assert any("text_encoder_2_precision: fp8-torchao: FLAME stores the text encoder's Linear weights in fp8" in n
+               for n in notes)
+    for key, value, words in (("text_encoder_1_precision", "fp8-torchao", "stores this text encoder as it is"),
+                              ("text_encoder_2_precision", "int8-quanto", "in fp8 (any fp8-*) or as it is"),
+                              ("base_model_default_dtype", "fp16", "bf16 or fp32, got 'fp16'")):
+        with pytest.raises(ConfigError, match=rf"{key}: .*{re.escape(words)}"):
+            read_simpletuner_config(_write(tmp_path, dict(CONFIG, **{key: value})))
