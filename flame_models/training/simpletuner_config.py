@@ -433,7 +433,7 @@ class _Reader:
 
     def _length(self):
         t = self.proc.setdefault("train", {})
-        steps = _num(self.get("max_train_steps"), integer=True) if self.given("max_train_steps") else None
+        steps = self.number("max_train_steps", integer=True, low=0) if self.given("max_train_steps") else None
         epochs = self.number("num_train_epochs", integer=True, low=0)
         if steps and epochs:
             self.err("num_train_epochs", f"{epochs} with max_train_steps {steps}: SimpleTuner refuses both; set "

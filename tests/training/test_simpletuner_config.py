@@ -172,6 +172,7 @@ def test_lycoris_schnell_and_the_cli(tmp_path):
     ({"model_flavour": "edit-v1", "model_family": "qwen_image"}, "model_flavour: 'edit-v1': FLAME reads qwen_image's"),
     ({"flux_lora_target": "ai-toolkit"}, "flux_lora_target: 'ai-toolkit': FLAME reads all, context"),
     ({"lora_rank": "16.5"}, "lora_rank: an integer >= 1, got '16.5'"),
+    ({"max_train_steps": "many"}, "max_train_steps: an integer >= 0, got 'many'"),
     ({"model_type": None}, "model_type: lora or full"),
 ])
 def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
