@@ -68,13 +68,17 @@ class DatasetConfig:
     mask_min_value: float = 0.0          # mask values [0, 1] map to weights [mask_min_value, 1]
     is_reg: bool = False                 # ai-toolkit: regularisation (prior-preservation) images, drawn in their
                                          # own batches at train.reg_ratio, their loss scaled by train.reg_weight
+    prior_reg: bool = False              # ai-toolkit: these images train toward the model's own prediction without
+                                         # the adapters (same noisy input and caption), not toward the data
+                                         # (SimpleTuner's is_regularisation_data); with is_reg or without
 
 # the fields added after runs were first saved: at their defaults they leave a run's fingerprint as it was
 LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "invert_mask": False,
                 "mask_min_value": 0.0, "is_reg": False, "min_bucket_reso": None, "max_bucket_reso": None,
                 "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
                 "caption_tag_dropout_rate": 0.0, "secondary_separator": None, "caption_dropout_every_n_epochs": 0,
-                "enable_wildcard": False, "caption_lines": "all", "caption_from": "file", "max_aspect": 4.0}
+                "enable_wildcard": False, "caption_lines": "all", "caption_from": "file", "max_aspect": 4.0,
+                "prior_reg": False}
 CAPTION_LINES = ("all", "first", "random")
 CAPTION_FROM = ("file", "filename", "default_caption")
 MAX_ASPECT_BOUND = 8.0   # (a wider bucket is a strip of a few pixels)
@@ -106,7 +110,7 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     With `check_files`, also that the folder exists and holds at least one image (cheap: a directory walk)."""
     e, p = [], path_prefix
     for name in ("shuffle_tokens", "random_crop", "flip_x", "flip_y", "allow_upscale", "cache_latents_to_disk",
-                 "shuffle", "alpha_mask", "invert_mask", "is_reg", "enable_wildcard"):
+                 "shuffle", "alpha_mask", "invert_mask", "is_reg", "enable_wildcard", "prior_reg"):
         if not isinstance(getattr(cfg, name), bool):
             e.append(f"{p}.{name}: expected true or false, got {getattr(cfg, name)!r}")
     for name in ("caption_ext", "caption_separator"):

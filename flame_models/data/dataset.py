@@ -416,6 +416,14 @@ class ImageDataset:
     def has_reg(self):
         return any(c.is_reg for c in self.configs)
 
+    def prior_reg(self, i):
+        """Whether sample i trains toward the adapter-free model's prediction (its dataset's prior_reg)."""
+        return bool(self.configs[self.samples[i].config].prior_reg)
+
+    @property
+    def has_prior_reg(self):
+        return any(c.prior_reg for c in self.configs)
+
     def latent_specs(self):
         """Every encoding to cache: each sample's image, then its control image (when it has one)."""
         targets = [self.latent_spec(i) for i in range(len(self))]

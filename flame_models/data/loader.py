@@ -9,6 +9,7 @@ embeddings of the caption it draws that epoch, and the sizes SDXL's conditioning
                                    #  "control_latents": (B, C, h, w) when the datasets have control_path,
                                    #  "loss_mask": (B, 1, h, w) float32 when they have masks (masks.py),
                                    #  "is_reg": (B,) bool when they have regularisation images (reg_mix.py),
+                                   #  "prior_reg": (B,) bool when a dataset trains toward the adapter-free model,
                                    #  "preserve:<embedding names>" with output preservation}
 """
 import numpy as np
@@ -87,6 +88,8 @@ class TrainingDataset:
                                  else np.ones((1,) + tuple(np.shape(lat)[-2:]), np.float32))
         if getattr(d, "has_reg", False):
             item["is_reg"] = d.is_reg(i)
+        if getattr(d, "has_prior_reg", False):
+            item["prior_reg"] = d.prior_reg(i)
         item["caption"] = caption
         item["original_size"], item["crop_coords"], item["target_size"] = (d.original_size(i), d.crop_coords(i),
                                                                            d.target_size(i))
@@ -101,7 +104,7 @@ class TrainingDataset:
             if k in SIZE_KEYS:
                 batch[k] = np.asarray([it[k] for it in items], dtype=np.int64)
                 continue
-            if k == "is_reg":
+            if k in ("is_reg", "prior_reg"):
                 batch[k] = np.asarray([it[k] for it in items], dtype=bool)
                 continue
             shapes = {tuple(np.shape(it[k])) for it in items}

@@ -22,6 +22,7 @@ An image backend (`dataset_type` image, the default; `type: local`) -> one FLAME
     minimum_image_size 0 / unset -> allow_upscale (SimpleTuner upscales a small image into its bucket); equal to the
         resolution -> images smaller than their bucket are left out (FLAME's rule, said in a note)
     caption_dropout_probability (config.json) -> caption_dropout_rate
+    is_regularisation_data -> prior_reg (toward the adapter-free model's prediction, as SimpleTuner's LoRA runs do)
     conditioning_data (Flux Kontext) -> control_path: the instance_data_dir of the `conditioning` backend it names
         (conditioning_type reference_strict: the control image of the same name)
 One `eval` backend -> the held-out folder of FLAME's validation loss (read with the first image backend's caption
@@ -32,10 +33,9 @@ every caption once itself), cache_dir_vae, metadata_backend discovery / json, sk
 preserve_data_backend_cache, hash_filenames, disabled backends (skipped), maximum_image_size /
 target_downsample_size without crops or equal to the resolution (FLAME resizes each image to its bucket in one step).
 Every other key or value -- other backend types (aws, csv, huggingface, ...), caption strategies parquet / csv,
-resolution_type pixel (the shorter edge), a probability other than 1, regularisation data (SimpleTuner's target
-there is the base model's prediction), several eval datasets, video datasets, random crops re-drawn each epoch
-(vae_cache_clear_each_epoch), ... -- is an error naming the file, the backend and the key: a setting FLAME would not
-apply is never dropped silently.
+resolution_type pixel (the shorter edge), a probability other than 1, several eval datasets, video datasets,
+random crops re-drawn each epoch (vae_cache_clear_each_epoch), ... -- is an error naming the file, the backend and
+the key: a setting FLAME would not apply is never dropped silently.
 """
 import json
 import math
@@ -163,8 +163,13 @@ def _image_backend(where, b, folder, defaults, conditioning, notes, errors):
         if k in b and why is not None:
             notes.append(f"{where}: {k}: {why}")
     if b.get("is_regularisation_data") or b.get("is_regularization_data"):
-        errors.append(f"{where}: is_regularisation_data: SimpleTuner trains there toward the base model's own "
-                      f"prediction (adapters off), which FLAME's regularisation images do not do")
+        if defaults.get("model_type", "lora") == "lora":   # (SimpleTuner's parent-model target: LoRA runs only)
+            d["prior_reg"] = True
+            notes.append(f"{where}: is_regularisation_data: these images train toward the model's own prediction "
+                         f"without the adapters (prior_reg), as SimpleTuner does")
+        else:
+            notes.append(f"{where}: is_regularisation_data with model_type full: trained like the other images, as "
+                         f"SimpleTuner does")
     prob = b.get("probability", 1.0)
     if prob != 1 and prob != 1.0:
         errors.append(f"{where}: probability {prob!r}: FLAME draws every image of every dataset once per epoch "

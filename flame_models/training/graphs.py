@@ -21,16 +21,17 @@ def graph_plan(num_shapes, budget, enabled, cuda, draws=None, layerwise=False, s
     """(use graphs?, why not) for a run with `num_shapes` batch shapes. draws: what draws random numbers inside the
     step (the adapters' dropouts), in words, or None: a graph would replay one draw at every step. layerwise: blocks
     updated inside backward (a full fine-tune under max_gpu_memory), whose host round trips a graph cannot hold.
-    streamed_prior: output preservation's forward without gradients through streamed blocks (an inference
-    schedule: its window wraps to the next call, which a replay would not start from)."""
+    streamed_prior: a forward without gradients through streamed blocks -- output preservation's, or a prior_reg
+    dataset's -- (an inference schedule: its window wraps to the next call, which a replay would not start from)."""
     if not enabled or not cuda:
         return False, None
     if layerwise:
         return False, ("max_gpu_memory with network.type full: each block is updated inside backward (host round "
                        "trips a CUDA graph cannot hold): training runs eagerly")
     if streamed_prior:
-        return False, ("output preservation under max_gpu_memory: its prior prediction streams the blocks as an "
-                       "inference forward, which a CUDA graph cannot replay: training runs eagerly")
+        return False, ("output preservation (or a prior_reg dataset) under max_gpu_memory: its prior prediction "
+                       "streams the blocks as an inference forward, which a CUDA graph cannot replay: training runs "
+                       "eagerly")
     if draws:
         return False, (f"{draws} draw random numbers inside the step, which a CUDA graph would replay unchanged: "
                        f"training runs eagerly")

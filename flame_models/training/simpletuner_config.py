@@ -719,6 +719,7 @@ class _Reader:
         path = name if os.path.isfile(name) else os.path.join(os.path.dirname(os.path.abspath(self.path)),
                                                               os.path.basename(name))
         defaults = {k: self.get(k) for k in BACKEND_DEFAULTS}
+        defaults["model_type"] = str(self.get("model_type") or "").lower()
         for k in ("caption_dropout_probability",):
             n = _num(defaults[k])
             if n is None or not 0 <= n <= 1:

@@ -60,6 +60,7 @@ from . import (
     optimizers,
     preservation,
     pretrained_lora,
+    prior_reg,
     quantize_kwargs,
     resume,
     run_folder,
@@ -432,10 +433,13 @@ class Trainer:
         self._cond_keys = None
         drops = [f"network.{k}" for k in ("dropout", "rank_dropout", "module_dropout")
                  if not self.full and getattr(c.network, k)]
-        use_graph, why = graph_plan(self._batch_shapes(), self.budget, t.cuda_graph, self.device.type == "cuda",
-                                    " and ".join(drops) or None,
+        # datasets' prior_reg: a batch with such samples replays its own graph (with the prior forward)
+        priors = getattr(self.dataset, "has_prior_reg", False)
+        mixed = priors and not all(getattr(d, "prior_reg", False) for d in c.datasets)
+        use_graph, why = graph_plan(self._batch_shapes() * (2 if mixed else 1), self.budget, t.cuda_graph,
+                                    self.device.type == "cuda", " and ".join(drops) or None,
                                     layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer),
-                                    streamed_prior=preservation.enabled(t) and self.budget is not None)
+                                    streamed_prior=(preservation.enabled(t) or priors) and self.budget is not None)
         if why:
             self.log(why)
         self.graphed = StepGraphs(self._forward_backward, warmup=2) if use_graph else None
@@ -648,6 +652,8 @@ class Trainer:
             cond.update(preservation.tagged(self.family.training_inputs(self.model, kept, self.device,
                                                                         self.cfg.train)[1]))
         cond.update(loss_weights.batch_weights(self.family, batch, x0, self.cfg.train.reg_weight))  # masks, is_reg
+        if "prior_reg" in batch:   # datasets' prior_reg: their samples' mask, or None (keys the step's graphs)
+            cond[prior_reg.KEY] = prior_reg.batch_mask(batch, self.device)
         if self._cond_keys is None:
             self._cond_keys = tuple(cond)
         # ddp: drawn for the global batch, this rank's rows kept (one process with the whole batch draws the same)
@@ -681,15 +687,22 @@ class Trainer:
             seen, cond = cond[0], cond[1:]
         cond, weights = loss_weights.split(dict(zip(self._cond_keys, cond)))
         cond, kept = preservation.split(cond)   # kept: the output-preservation prompts' conditioning, or None
+        prior_mask = cond.pop(prior_reg.KEY, None)   # datasets' prior_reg samples in this batch, or None
         x_t = self.objective.noisy(x0, seen, t)
         if kept is not None:   # the prior: the model without its adapters on the preservation prompts
             with self._autocast(), no_grad(), preservation.adapters_off(self.model):
                 prior = self.family.forward(self.model, x_t, t, kept)
+        target = self.objective.target(x0, noise, t)
+        if prior_mask is not None:   # prior_reg samples: the adapter-free prediction on their own caption
+            with self._autocast(), no_grad(), preservation.adapters_off(self.model):
+                base = self.family.forward(self.model, x_t, t, cond)
+            target = prior_reg.blend(base, target, prior_mask)
+            del base
         with self._autocast():
             if self.text_encoders is not None:  # token ids -> conditioning, through the trained encoders
                 cond = self.text_encoders.encode(cond)
             pred = self.family.forward(self.model, x_t, t, cond)
-        loss = self.objective.loss(pred, self.objective.target(x0, noise, t), t, **weights)
+        loss = self.objective.loss(pred, target, t, **weights)
         scale = self._loss_scale
         (loss * scale).backward() if scale != 1.0 else loss.backward()
         if kept is not None:   # their prediction held to the prior (its own backward: the gradients add up)

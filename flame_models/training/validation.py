@@ -300,6 +300,7 @@ def validate(cfg, prefix="", check_files=True):
     if cfg.trigger_word is not None and not cfg.trigger_word.strip():
         e.append(f"{p}trigger_word: an empty trigger word; remove the key or give a word")
     e += _preservation_problems(cfg, p)
+    e += _prior_reg_problems(cfg, p)
     for i, x in enumerate(sm.prompts):
         if not isinstance(x, str) or not x.strip():
             e.append(f"{p}sample.prompts[{i}]: expected a non-empty string, got {x!r}")
@@ -393,6 +394,24 @@ def _preservation_problems(cfg, p):
                      f"trigger_word): the preservation prompt is each caption with it replaced by the class word")
         elif cls.strip() in {cfg.trigger_word, *(d.trigger_word for d in cfg.datasets)}:
             e.append(f"{p}train.diff_output_preservation_class: {cls!r} is the trigger word itself")
+    return e
+
+
+def _prior_reg_problems(cfg, p):
+    """Datasets' prior_reg (ai-toolkit's): the adapters (switched off for the prior prediction), the text embeddings
+    cached (the prior takes the caption's conditioning as the step does), and other images to learn from."""
+    e = []
+    where = [f"{p}datasets[{i}].prior_reg" for i, d in enumerate(cfg.datasets) if getattr(d, "prior_reg", False)]
+    if not where:
+        return e
+    if cfg.network.type == "full":
+        e.append(f"{where[0]}: the prior prediction is the model without its adapters; a full fine-tune trains the "
+                 f"weights themselves")
+    if cfg.train.train_text_encoder:
+        e.append(f"{where[0]}: not with train.train_text_encoder (the prior takes the caption's cached embedding)")
+    if len(where) == len(cfg.datasets):
+        e.append(f"{where[0]}: every dataset is prior_reg: the adapters would learn only to change nothing; give at "
+                 f"least one dataset without it")
     return e
 
 

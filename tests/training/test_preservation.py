@@ -122,8 +122,8 @@ def test_training_with_it_keeps_the_class_prompt_nearer_the_base_model(tmp_path,
 def test_eager_and_graph_decisions(tmp_path, images, tiny_model):
     from flame_models.training.graphs import graph_plan
     assert graph_plan(1, 1 << 33, True, True, streamed_prior=True)[0] is False
-    assert "output preservation under max_gpu_memory" in graph_plan(1, 1 << 33, True, True,
-                                                                         streamed_prior=True)[1]
+    assert "output preservation (or a prior_reg dataset) under max_gpu_memory" in graph_plan(
+        1, 1 << 33, True, True, streamed_prior=True)[1]
     assert graph_plan(1, None, True, True, streamed_prior=False) == (True, None)
 
 

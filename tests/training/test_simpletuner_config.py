@@ -190,7 +190,6 @@ def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
 @pytest.mark.parametrize("backend, words", [
     ({"type": "aws"}, "type 'aws': FLAME reads local folders"),
     ({"probability": 0.5}, "probability 0.5: FLAME draws every image"),
-    ({"is_regularisation_data": True}, "is_regularisation_data: SimpleTuner trains there toward the base model's"),
     ({"resolution_type": "pixel"}, "resolution_type 'pixel'"),
     ({"caption_strategy": "parquet"}, "caption_strategy 'parquet'"),
     ({"minimum_image_size": 512}, "minimum_image_size 512: FLAME either upscales"),
@@ -298,3 +297,13 @@ def test_text_encoder_precisions_and_the_default_dtype(tmp_path):
                               ("base_model_default_dtype", "fp16", "bf16 or fp32, got 'fp16'")):
         with pytest.raises(ConfigError, match=rf"{key}: .*{re.escape(words)}"):
             read_simpletuner_config(_write(tmp_path, dict(CONFIG, **{key: value})))
+
+
+def test_regularisation_data_trains_toward_the_adapter_free_model(tmp_path):
+    b = dict(BACKENDS[0], is_regularisation_data=True)
+    proc, notes = read_simpletuner_config(_write(tmp_path, backends=[dict(BACKENDS[0], instance_data_dir="/a"), b]))
+    assert "prior_reg" not in proc["datasets"][0] and proc["datasets"][1]["prior_reg"] is True
+    assert "is_reg" not in proc["datasets"][1]                  # (drawn with the others, as SimpleTuner samples it)
+    assert any("is_regularisation_data: these images train toward the model's own prediction" in n for n in notes)
+    proc, notes = read_simpletuner_config(_write(tmp_path, dict(CONFIG, model_type="full"), [b]))
+    assert "prior_reg" not in proc["datasets"][0] and any("with model_type full: trained like" in n for n in notes)
