@@ -191,7 +191,7 @@ def _image_backend(where, b, folder, defaults, conditioning, notes, errors):
         ref = b["conditioning_data"]
         if isinstance(ref, list) and len(ref) == 1:
             ref = ref[0]
-        if ref not in conditioning:
+        if not isinstance(ref, str) or ref not in conditioning:
             errors.append(f"{where}: conditioning_data {ref!r}: names no conditioning backend of this file "
                           f"(one, with dataset_type conditioning)")
         else:

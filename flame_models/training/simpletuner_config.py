@@ -102,7 +102,15 @@ DEFAULTS = {"learning_rate": 4e-7, "lr_scheduler": "constant_with_warmup", "lr_w
             "checkpoint_step_interval": 500, "checkpoints_total_limit": 5, "validation_step_interval": 100,
             "validation_num_inference_steps": 30, "validation_guidance": 7.5,
             "validation_negative_prompt": "blurry, cropped, ugly", "validation_resolution": "256",
-            "mixed_precision": "bf16", "num_train_epochs": 1, "use_ema": False, "ema_decay": 0.995}
+            "mixed_precision": "bf16", "num_train_epochs": 1, "use_ema": False, "ema_decay": 0.995,
+            "validation_guidance_skip_scale": 2.8, "eval_timesteps": 28, "output_dir": "simpletuner-results",
+            "tracker_project_name": "simpletuner", "tracker_run_name": "simpletuner-testing", "num_eval_images": 4,
+            "validation_seed": None, "validation_guidance_rescale": 0.0, "validation_guidance_real": 1.0,
+            "validation_guidance_skip_layers": None, "lora_init_type": "default", "peft_lora_target_modules": None,
+            "init_lora": None, "lycoris_config": "config/lycoris_config.json", "assistant_lora_path": None,
+            "disable_assistant_lora": False, "huber_c": 0.1, "huber_schedule": "snr", "noise_offset": 0.1,
+            "noise_offset_probability": 0.25, "optimizer_config": None}
+LIST_OPTIONS = ("validation_guidance_skip_layers", "instance_prompt")   # (the others take one value)
 ALIASES = {"checkpointing_steps": "checkpoint_step_interval", "validation_steps": "validation_step_interval",
            "fused_qkv_projections": "fuse_qkv_projections", "save_total_limit": "checkpoints_total_limit"}
 # the backends' fall-backs (data/simpletuner_backends.py)
@@ -121,16 +129,7 @@ _INERT = {"vae_cache_ondemand": "FLAME encodes every image once before training 
                                              "training)",
           "conditioning_multidataset_sampling": "FLAME pairs each edit with one conditioning dataset: nothing to "
                                                 "sample between",
-          "num_eval_images": None, "eval_steps_interval": None, "eval_timesteps": None, "eval_epoch_interval": None,
-          "validation_disable_unconditional": "FLAME renders no unconditional image beside the previews",
-          "validation_guidance_rescale": None, "validation_guidance_real": None, "data_backend_config": None,
-          "lycoris_config": None, "model_flavour": None, "model_family": None, "output_dir": None,
-          "disable_assistant_lora": None, "assistant_lora_path": None, "minimum_image_size": None,
-          "maximum_image_size": None, "target_downsample_size": None, "instance_prompt": None,
-          "prepend_instance_prompt": None, "only_instance_prompt": None, "offset_noise": None,
-          "noise_offset": None, "noise_offset_probability": None, "resume_from_checkpoint": None,
-          "report_to": None, "tracker_project_name": None, "tracker_run_name": None, "push_to_hub": None,
-          "controlnet": None, "num_validation_images": None}
+          "validation_disable_unconditional": "FLAME renders no unconditional image beside the previews"}
 
 
 def _key(k):
@@ -190,10 +189,17 @@ class _Reader:
 
     # ------------------------------------------------------------------ helpers
     def get(self, key):
+        """The option's value, else SimpleTuner's default; a list or an object where one value belongs (someone
+        else's file) is an error, and the default stands in for it."""
         self.used.add(key)
-        return self.args.get(key, DEFAULTS.get(key))
+        v = self.args.get(key, DEFAULTS.get(key))
+        if isinstance(v, (list, dict)) and key not in LIST_OPTIONS:
+            self.err(key, f"one value, got {type(v).__name__} {v!r}"[:200])
+            return DEFAULTS.get(key)
+        return v
 
     def given(self, key):
+        self.used.add(key)
         return key in self.args
 
     def err(self, key, text):
@@ -212,6 +218,18 @@ class _Reader:
             self.err(key, f"{'an integer' if integer else 'a number'}" + (f" >= {low}" if low is not None else "")
                      + f", got {v!r}")
         return n
+
+    def near(self, name):
+        """A file the config names: as given (SimpleTuner reads it from its working folder), else beside the config
+        file under that relative name, else beside it under its file name; as given when none exists (the reader's
+        own error then names it)."""
+        if not isinstance(name, str):   # (someone else's file: a number or a list names no file)
+            return str(name)
+        here = os.path.dirname(os.path.abspath(self.path))
+        for cand in (name, os.path.join(here, name), os.path.join(here, os.path.basename(name))):
+            if os.path.isfile(cand):
+                return cand
+        return name
 
     def flag(self, key):
         v = self.get(key)
@@ -234,6 +252,7 @@ class _Reader:
         self._logging()
         self._rest()
         self._datasets(family)
+        self._unread()
 
     def _model(self):
         fam = self.get("model_family")
@@ -266,8 +285,6 @@ class _Reader:
 
     def _output(self):
         out = self.get("output_dir")
-        if out is None:
-            out = "simpletuner-results"
         folder = os.path.normpath(str(out))
         parent, name = os.path.split(folder)
         self.put(None, "training_folder", parent or ".")
@@ -281,7 +298,7 @@ class _Reader:
             self.put("network", "type", "full")
             return
         if mtype != "lora":
-            self.err("model_type", f"lora or full, got {self.args.get('model_type')!r} (SimpleTuner requires it)")
+            self.err("model_type", f"lora or full, got {self.get('model_type')!r} (SimpleTuner requires it)")
             return
         kind = str(self.get("lora_type")).lower()
         net = self.proc.setdefault("network", {})
@@ -323,12 +340,10 @@ class _Reader:
         return list(_ATTENTION)
 
     def _lycoris(self, family, net):
-        cfg_path = self.get("lycoris_config") or "config/lycoris_config.json"
+        cfg_path = self.get("lycoris_config")
         where = "lycoris_config"
-        near = cfg_path if os.path.isfile(cfg_path) else os.path.join(os.path.dirname(os.path.abspath(self.path)),
-                                                                       os.path.basename(cfg_path))
         try:
-            ly = read_json(near if os.path.isfile(near) else cfg_path, SimpleTunerConfigError, "a LyCORIS config")
+            ly = read_json(self.near(cfg_path), SimpleTunerConfigError, "a LyCORIS config")
         except SimpleTunerConfigError as e:
             self.err(where, str(e))
             return
@@ -531,8 +546,8 @@ class _Reader:
                 self.err("loss_type", f"l2, huber or smooth_l1, got {loss!r}")
             else:
                 t["loss_type"] = loss
-                t["huber_c"] = self.number("huber_c", low=0) if self.given("huber_c") else 0.1
-                sched = self.get("huber_schedule") or "snr"
+                t["huber_c"] = self.number("huber_c", low=0)
+                sched = self.get("huber_schedule")
                 if sched == "snr" and flow:
                     self.err("huber_schedule", "snr (SimpleTuner's default) is SDXL's in FLAME; give constant or "
                                                "exponential")
@@ -551,14 +566,14 @@ class _Reader:
             else:
                 t["prediction_type"] = pt
         if self.flag("offset_noise"):
-            p = _num(self.get("noise_offset_probability")) if self.given("noise_offset_probability") else 0.25
+            p = self.number("noise_offset_probability", low=0)
             if flow:
                 self.note("offset_noise", "SimpleTuner offsets the noise of non-flow models only: not used")
             elif p != 1:
                 self.err("offset_noise", f"SimpleTuner offsets the noise in a share {p} of the steps; FLAME's "
                                          f"train.noise_offset offsets every step (noise_offset_probability 1.0)")
             else:
-                t["noise_offset"] = _num(self.get("noise_offset")) if self.given("noise_offset") else 0.1
+                t["noise_offset"] = self.number("noise_offset", low=0)
 
     def _saves_and_previews(self, family):
         s = self.proc.setdefault("save", {})
@@ -589,11 +604,11 @@ class _Reader:
         if self.given("validation_seed"):
             smp["seed"] = self.number("validation_seed", integer=True, low=0)
         size = str(self.get("validation_resolution"))
-        parts = size.lower().split("x")
-        if "," in size or len(parts) > 2 or any(_num(p, integer=True) is None for p in parts):
+        sides = [_num(p, integer=True) for p in size.lower().split("x")]
+        if "," in size or len(sides) > 2 or any(v is None or v <= 0 for v in sides):
             self.err("validation_resolution", f"one WxH or N (FLAME's previews share one size), got {size!r}")
         else:
-            w, h = (int(parts[0]), int(parts[-1]))
+            w, h = sides[0], sides[-1]
             if w < 128:
                 self.err("validation_resolution", f"{size}: megapixel sizes are not read; give WxH")
             else:
@@ -604,7 +619,7 @@ class _Reader:
                 self.err("validation_guidance_skip_layers", "SD3's, a list of block indices")
             else:
                 smp["slg_layers"] = layers
-                smp["slg_scale"] = _num(self.args.get("validation_guidance_skip_scale", 2.8))
+                smp["slg_scale"] = self.number("validation_guidance_skip_scale", low=0)
         real = self.get("validation_guidance_real")
         if real is not None and _num(real) not in (1, 1.0):
             self.err("validation_guidance_real", "FLAME's Flux previews use the guidance embedding only (1.0)")
@@ -615,8 +630,8 @@ class _Reader:
     def _evaluation(self, held_out):
         """The eval backend's folder as FLAME's validation loss: every eval_steps_interval steps, at eval_timesteps
         evenly spaced timesteps (SimpleTuner takes its scheduler's inference steps: a note), at most num_eval_images
-        batches, fixed noise (SimpleTuner seeds 0)."""
-        every = self.args.get("eval_steps_interval")
+        batches (its default 4), fixed noise (SimpleTuner seeds 0)."""
+        every = self.get("eval_steps_interval")
         if self.given("eval_epoch_interval"):
             self.err("eval_epoch_interval", "FLAME evaluates every N steps (eval_steps_interval)")
             return
@@ -628,19 +643,16 @@ class _Reader:
         if every is None:
             self.note("eval_steps_interval", "not set: the eval backend is not evaluated (SimpleTuner's too)")
             return
-        n = self.number("eval_timesteps", integer=True, low=1) if self.given("eval_timesteps") else 28
+        n = self.number("eval_timesteps", integer=True, low=1)
         v = {**held_out, "every": self.number("eval_steps_interval", integer=True, low=1), "timesteps": n,
-             "seed": 0}
-        if self.given("num_eval_images"):
-            v["max_batches"] = self.number("num_eval_images", integer=True, low=1)
+             "seed": 0, "max_batches": self.number("num_eval_images", integer=True, low=1)}
         self.proc["validation"] = v
         self.note("eval_timesteps", f"{n} evenly spaced timesteps (SimpleTuner's are its scheduler's {n} inference "
                                     f"steps, shifted): the same held-out loss, measured at other noise levels")
 
     def _prompt_library(self, name):
-        path = name if os.path.isfile(name) else os.path.join(os.path.dirname(os.path.abspath(self.path)), name)
         try:
-            lib = read_json(path, SimpleTunerConfigError, "a prompt library")
+            lib = read_json(self.near(name), SimpleTunerConfigError, "a prompt library")
         except SimpleTunerConfigError as e:
             self.err("user_prompt_library", str(e))
             return []
@@ -673,8 +685,10 @@ class _Reader:
     def _rest(self):
         if self.flag("push_to_hub"):
             self.err("push_to_hub", "FLAME does not upload (it never reaches the network)")
-        elif any(self.given(k) for k in _HUB):
-            self.note("hub_model_id", "the Hub settings: not used without push_to_hub")
+        else:
+            for k in _HUB:
+                if self.given(k):
+                    self.note(k, "a Hub setting: not used without push_to_hub")
         if self.flag("controlnet"):
             self.err("controlnet", "FLAME trains LoRAs and full fine-tunes of the model itself")
         if self.flag("quantize_activations"):
@@ -683,41 +697,35 @@ class _Reader:
             self.err("strict_epoch_limit", "with max_train_steps: FLAME trains to the step count")
         if self.given("validation_lycoris_strength"):
             w = self.number("validation_lycoris_strength")
-            if self.args.get("lora_type") == "lycoris" and w is not None:
+            if self.get("lora_type") == "lycoris" and w is not None:
                 self.put("sample", "network_multiplier", w)
             elif w not in (None, 1, 1.0):
                 self.err("validation_lycoris_strength", "LyCORIS's (lora_type lycoris) previews' weight")
         for k in _HINTS:
             if self.given(k):
-                self.used.add(k)
                 self.note(k, "not used (a host or speed setting of SimpleTuner's)")
         for k, why in _INERT.items():
-            if self.given(k) and why is not None:
+            if self.given(k):
                 self.note(k, why)
         if self.given("resume_from_checkpoint"):
             self.note("resume_from_checkpoint", "FLAME resumes from the run's newest intact checkpoint on its own")
-        read = set(DEFAULTS) | set(_INERT) | set(_HINTS) | set(_HUB) | set(BACKEND_DEFAULTS) | self.used
-        read |= {"pretrained_model_name_or_path", "pretrained_vae_model_name_or_path", "lora_init_type", "init_lora",
-                 "peft_lora_target_modules", "optimizer", "optimizer_config", "max_train_steps",
-                 "gradient_accumulation_steps", "seed", "base_model_precision", "flow_schedule_auto_shift",
-                 "flow_use_uniform_schedule", "flow_use_beta_schedule", "flux_fast_schedule", "flux_guidance_mode",
-                 "flux_guidance_value", "loss_type", "huber_c", "huber_schedule", "snr_gamma", "prediction_type",
-                 "validation_prompt", "user_prompt_library", "validation_seed", "validation_guidance_skip_layers",
-                 "validation_guidance_skip_scale", "model_type", "quantize_activations", "strict_epoch_limit",
-                 "validation_lycoris_strength", "base_model_default_dtype"}
-        read |= {f"text_encoder_{i}_precision" for i in range(1, 5)}
+
+    def _unread(self):
+        """The options nothing above read: one SimpleTuner has but leaves unused in this configuration (lora_rank in
+        a full fine-tune, the validation settings without a prompt, ...) is a note; any other an error."""
         for k in self.args:
-            if k not in read:
+            if k in self.used:
+                continue
+            if k in DEFAULTS:
+                self.note(k, "not used in this configuration (SimpleTuner does not use it either)")
+            else:
                 self.err(k, "not supported by FLAME's SimpleTuner reader (flame_models/training/simpletuner_config.py "
                             "lists what it reads)")
-
     def _datasets(self, family):
         name = self.get("data_backend_config")
         if name is None:
             self.err("data_backend_config", "required (the multidatabackend.json; SimpleTuner requires it too)")
             return
-        path = name if os.path.isfile(name) else os.path.join(os.path.dirname(os.path.abspath(self.path)),
-                                                              os.path.basename(name))
         defaults = {k: self.get(k) for k in BACKEND_DEFAULTS}
         defaults["model_type"] = str(self.get("model_type") or "").lower()
         for k in ("caption_dropout_probability",):
@@ -732,7 +740,7 @@ class _Reader:
             if defaults[k] is not None:
                 defaults[k] = _num(defaults[k])
         try:
-            datasets, notes, held_out = read_backends(path if os.path.isfile(path) else name, defaults)
+            datasets, notes, held_out = read_backends(self.near(name), defaults)
         except SimpleTunerConfigError as e:
             self.errors.append(f"{self.path}: data_backend_config {e}")
             return

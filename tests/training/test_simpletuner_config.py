@@ -75,7 +75,8 @@ def test_each_option_maps_to_its_setting(tmp_path):
     said = "\n".join(notes)
     for words in ("model_flavour: krea: the model is black-forest-labs/flux.1-krea-dev",
                   "base_model_precision: fp8-torchao: FLAME stores the blocks' weights in fp8",
-                  "vae_batch_size: not used", "hub_model_id: the Hub settings: not used without push_to_hub",
+                  "vae_batch_size: not used", "hub_model_id: a Hub setting: not used without push_to_hub",
+                  "tracker_project_name: not used in this configuration",
                   "validation_negative_prompt: Flux's previews take no negative prompt",
                   "a text_embeds backend", "cache_dir_vae: FLAME caches latents itself",
                   "minimum_image_size 1024: FLAME leaves out each image smaller than its bucket",
@@ -307,3 +308,40 @@ def test_regularisation_data_trains_toward_the_adapter_free_model(tmp_path):
     assert any("is_regularisation_data: these images train toward the model's own prediction" in n for n in notes)
     proc, notes = read_simpletuner_config(_write(tmp_path, dict(CONFIG, model_type="full"), [b]))
     assert "prior_reg" not in proc["datasets"][0] and any("with model_type full: trained like" in n for n in notes)
+
+
+def test_an_option_unused_in_this_configuration_is_a_note(tmp_path):
+    """lora_rank in a full fine-tune, the validation settings without a prompt: SimpleTuner leaves them unused,
+    and so does FLAME, saying so; an option it does not know stays an error."""
+    cfg = dict(CONFIG, model_type="full")
+    del cfg["validation_prompt"]
+    proc, notes = read_simpletuner_config(_write(tmp_path, cfg))
+    assert proc["network"] == {"type": "full"} and proc["sample"] == {"sample_every": 0}
+    said = "\n".join(notes)
+    for k in ("lora_rank", "lora_alpha", "validation_num_inference_steps", "validation_seed", "validation_steps"):
+        if k == "validation_steps":
+            k = "validation_step_interval"      # (SimpleTuner's alias, read under its own name)
+        assert f"{k}: not used in this configuration" in said, k
+
+
+def test_odd_values_are_config_errors_never_crashes(tmp_path):
+    """Someone else's file: every option the reader knows and every backend key, given a number, a text, a list, an
+    object, a bool, a huge number or null, reads or fails with a ConfigError (nothing else escapes)."""
+    from flame_models.training import simpletuner_config as S
+    keys = set(S.DEFAULTS) | set(S._HINTS) | set(S._HUB) | set(S._INERT) | set(CONFIG) | {"model_flavour", "seed"}
+    keys = {k[2:] if k.startswith("--") else k for k in keys}
+    values = (1, "x", [1, 2], {"a": 1}, True, -5, 1e30, None)
+    for k in sorted(keys):
+        for v in values:
+            cfg = {kk: vv for kk, vv in CONFIG.items() if kk.lstrip("-") != k}
+            cfg[k] = v
+            try:
+                read_simpletuner_config(_write(tmp_path, cfg))
+            except ConfigError:
+                pass
+    for k in list(BACKENDS[0]) + ["conditioning_data", "instance_prompt", "crop_aspect", "probability"]:
+        for v in values:
+            try:
+                read_simpletuner_config(_write(tmp_path, backends=[dict(BACKENDS[0], **{k: v})]))
+            except ConfigError:
+                pass
