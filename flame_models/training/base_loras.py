@@ -40,6 +40,7 @@ from ..pipeline.loras import check_lora_part, lora_keys
 from ..pipeline.merged_loras import MergedLoRAs
 from ..text_encoders import structure_only
 from .config import ConfigError, dtype_name
+from .family_parts import identity
 from .limits import fmt_bytes, host_memory
 
 SETTINGS = ("lora_path", "assistant_lora_path", "inference_lora_path")
@@ -87,11 +88,7 @@ def text_loras(model_cfg):
 def text_identity(model_cfg):
     """What the text cache's key adds for model.lora_path's text-encoder part: its file's path, size and
     modification time ("" without one)."""
-    out = ""
-    for path, _ in text_loras(model_cfg):
-        st = os.stat(path)
-        out += f"|te-lora:{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
-    return out
+    return "".join(f"|te-lora:{identity(path, 'lora', error=ConfigError)}" for path, _ in text_loras(model_cfg))
 
 
 def text_description(model_cfg):

@@ -433,10 +433,10 @@ class Trainer:
         self._cond_keys = None
         drops = [f"network.{k}" for k in ("dropout", "rank_dropout", "module_dropout")
                  if not self.full and getattr(c.network, k)]
-        # datasets' prior_reg: a batch with such samples replays its own graph (with the prior forward)
+        # datasets' prior_reg (never every dataset: validation.py): batches with such samples replay graphs of
+        # their own (with the prior forward), beside the plain ones
         priors = getattr(self.dataset, "has_prior_reg", False)
-        mixed = priors and not all(getattr(d, "prior_reg", False) for d in c.datasets)
-        use_graph, why = graph_plan(self._batch_shapes() * (2 if mixed else 1), self.budget, t.cuda_graph,
+        use_graph, why = graph_plan(self._batch_shapes() * (2 if priors else 1), self.budget, t.cuda_graph,
                                     self.device.type == "cuda", " and ".join(drops) or None,
                                     layerwise=isinstance(self.optimizer, flame_nn.offload.LayerwiseOptimizer),
                                     streamed_prior=(preservation.enabled(t) or priors) and self.budget is not None)
