@@ -1,8 +1,10 @@
 """What pyproject.toml cannot say: the top-level cuda_src/ folder (the kernels' CUDA C, read and compiled at run
 time) ships inside the wheel as package data at flame_core/cuda_src/, where flame_core.kernels.loader looks first;
-the prebuilt kernel binaries (flame_core/kernels/binaries/) ship beside the loader.
+the prebuilt kernel binaries (flame_core/kernels/binaries/) ship beside the loader. flame_core._speedups (C,
+flame_core/csrc: the eager per-op hot paths) is built where a C compiler is found; without one the install goes on
+and FLAME uses their Python versions (flame_core/speedups.py).
 Everything else about the distribution is in pyproject.toml."""
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
 
@@ -20,5 +22,8 @@ setup(
                   # the recorded CuPy compile requests the warm-up replays (flame_core/kernels/cupy_warmup.py)
                   "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin",
                                          "cupy_kernels/*.json.gz"]},
+    ext_modules=[Extension("flame_core._speedups", ["flame_core/csrc/module.c", "flame_core/csrc/recycle.c",
+                                                    "flame_core/csrc/apply.c"], depends=["flame_core/csrc/speedups.h"],
+                           optional=True)],
     cmdclass={"build_py": BuildPy},
 )

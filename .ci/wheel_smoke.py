@@ -26,6 +26,10 @@ def main(argv):
 
     pkg = pathlib.Path(flame_core.__file__).resolve().parent
     assert "site-packages" in pkg.parts, f"flame_core imported from {pkg}, not from the installed wheel"
+    from flame_core import speedups
+    # the C extension: built with the wheel (CI has a C compiler), from the wheel, and in use
+    assert speedups.module is not None, "flame_core._speedups is not in the wheel (or does not import)"
+    assert pathlib.Path(speedups.module.__file__).resolve().parent == pkg
     assert loader.CUDA_SRC == pkg / "cuda_src", f"the loader reads {loader.CUDA_SRC}, not {pkg / 'cuda_src'}"
 
     found = {p.name for p in loader.CUDA_SRC.iterdir() if p.suffix in (".cu", ".cuh")}

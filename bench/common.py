@@ -43,6 +43,11 @@ def context():
             ctx[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             pass
+    try:  # whether the C extension's per-op hooks ran (flame_core._speedups; FLAME_SPEEDUPS=0 turns them off)
+        from flame_core.memory import recycle
+        ctx["speedups"] = recycle._c is not None
+    except ImportError:
+        pass
     try:
         import cupy as cp
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)

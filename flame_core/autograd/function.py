@@ -4,6 +4,7 @@ import weakref
 import ml_dtypes as _ml
 import numpy as _np
 
+from .. import speedups
 from ..errors import AutogradError, FlameError, ShapeError, fmt_shape
 from .grad_mode import state
 
@@ -405,3 +406,42 @@ class _Ctx(Node):
 _new = object.__new__
 _NO_GRAD = tuple((False,) * n for n in range(8))
 _NEEDS1 = (True,)
+
+
+# ----------------------------------------------------------------------------- Function.apply in C
+# flame_core/csrc/apply.c is `py_apply` without the interpreter; it reads this module's names (state, Node, _Ctx,
+# _tensor_cls, _FLOAT_NP, accumulator_of, _record_outputs and the two helpers below) at each call. py_apply stays the
+# specification and the fallback, and is put back while something reads the op from its frame (the memory
+# profiler: `hold_python_apply`).
+py_apply = Function.__dict__["apply"]  # the classmethod
+
+
+def _forward_value_error(cls, args, e):
+    """What the C apply raises for a ValueError from a forward: py_apply's except clause (a broadcast failure becomes
+    a ShapeError naming the shapes, caused by it; anything else is raised as it is)."""
+    if isinstance(e, FlameError) or "broadcast" not in str(e):
+        return e
+    err = broadcast_error(cls.__name__.lower(), args, e)
+    err.__cause__ = e
+    return err
+
+
+def _anomaly_stack():
+    """The C apply's forward stack under anomaly detection: this frame stands where py_apply's would."""
+    from .anomaly_mode import forward_stack
+    return forward_stack()
+
+
+_c = speedups.module
+_c_apply = None
+if _c is not None:
+    _c.configure_apply(globals())
+    _c_apply = classmethod(_c.apply)
+    Function.apply = _c_apply
+_python_holds = [0]
+
+
+def hold_python_apply(on):
+    """Use py_apply while held (on=True), the C apply again when the last hold is released (on=False)."""
+    _python_holds[0] += 1 if on else -1
+    Function.apply = py_apply if _python_holds[0] > 0 or _c_apply is None else _c_apply

@@ -26,7 +26,7 @@ _MEM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def _op_codes():
     from ..autograd import engine, function
-    return function.Function.apply.__func__.__code__, engine.run_backward.__code__
+    return function.py_apply.__func__.__code__, engine.run_backward.__code__
 
 
 class MemoryProfiler:
@@ -47,6 +47,8 @@ class MemoryProfiler:
 
     # ------------------------------------------------------------------ context
     def __enter__(self):
+        from ..autograd import function
+        function.hold_python_apply(True)  # ops are read from py_apply's frame (not the C apply's)
         self._apply_code, self._backward_code = _op_codes()
         a = self._acct
         self.baseline = (a.allocated, a.reserved)
@@ -56,6 +58,8 @@ class MemoryProfiler:
         return self
 
     def __exit__(self, *exc):
+        from ..autograd import function
+        function.hold_python_apply(False)
         self._acct.observer = self._prev
         self._finish()
         if self.json_path:

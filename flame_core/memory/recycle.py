@@ -18,11 +18,15 @@ lists). Bounded: PER_KEY arrays per key, MAX_BYTES in all.
 On (`enable`, by `memory.cuda.install`) when the process sees one GPU and FLAME_RECYCLE_SMALL is not 0; off while
 origin tracking or a pool observer (the memory profiler) is on: they see every allocation and free. Blocks of a pinned
 stream (a CUDA graph's) are never binned. The hook is `Tensor.__del__`, installed only while the bin is on.
+
+`take` and the `__del__` hook run once per eager op each: where the C extension is built (flame_core.speedups) they
+are its C versions of `py_take` and `_tensor_del` below (flame_core/csrc/recycle.c), which stay the specification
+and the fallback.
 """
 import os
 import sys
 
-from .. import backend
+from .. import backend, speedups
 
 MAX_NUMEL = 65536  # kernels.pointwise_small's bound
 PER_KEY = 8
@@ -96,7 +100,7 @@ def _tensor_del(self):
         pass
 
 
-def take(shape, dtype):
+def py_take(shape, dtype):
     """A binned array of this shape and dtype on the current stream, counted as allocated again, or None."""
     lst = bins.get((shape, dtype, _current_stream().ptr))
     if not lst:
@@ -121,6 +125,21 @@ def take(shape, dtype):
         return a
     finally:
         lock.release()
+
+
+_c = speedups.module
+if _c is not None:
+    _c.configure_recycle(globals())
+take = _c.take if _c is not None else py_take  # (shape, dtype) -> a binned array counted as allocated again, or None
+_hooks = {}  # Tensor class -> its installed __del__ (the C method descriptor or _tensor_del)
+
+
+def del_hook(cls):
+    """The `__del__` that `enable` installs on `cls`: the C hook where the extension is built, else _tensor_del."""
+    hook = _hooks.get(cls)
+    if hook is None:
+        hook = _hooks[cls] = _c.del_for(cls) if _c is not None else _tensor_del
+    return hook
 
 
 def reclaim():
@@ -150,14 +169,14 @@ def enable(pool):
     _pool[0] = pool
     pool.reclaim = reclaim
     on[0] = True
-    tensor_cls.__del__ = _tensor_del
+    tensor_cls.__del__ = del_hook(tensor_cls)
 
 
 def disable():
     """Stop binning: unhook Tensor.__del__ and settle the pool (the bin's arrays released)."""
     on[0] = False
     tensor_cls = sys.modules["flame_core.tensor"].Tensor
-    if tensor_cls.__dict__.get("__del__") is _tensor_del:
+    if tensor_cls.__dict__.get("__del__") is del_hook(tensor_cls):
         del tensor_cls.__del__
     pool = _pool[0]
     if pool is not None:

@@ -44,8 +44,23 @@ class Holder:  # a Tensor: its array in its __dict__ as `_data`
         self._data = a
 
 
-@pytest.fixture
-def env(monkeypatch):
+class CHolder(Holder):  # the same, dying through the C hook
+    pass
+
+
+if recycle._c is not None:
+    CHolder.__del__ = recycle._c.del_for(CHolder)
+
+IMPLS = ["python", pytest.param("c", marks=pytest.mark.skipif(recycle._c is None, reason="flame_core._speedups is "
+                                                               "not built (no C compiler at install)"))]
+
+
+@pytest.fixture(params=IMPLS)
+def env(request, monkeypatch):
+    """The fake pool with the bin on; `env.Holder` dies through the Python hook or the C one (flame_core._speedups),
+    and recycle.take is the same implementation's."""
+    c = request.param == "c"
+    monkeypatch.setattr(recycle, "take", recycle._c.take if c else recycle.py_take)
     be = FakeBackend()
     pool = DevicePool(be, name="fake:0")
     monkeypatch.setattr(recycle, "_nd", Arr)
@@ -56,7 +71,7 @@ def env(monkeypatch):
     monkeypatch.setattr(recycle, "bins", {})
     monkeypatch.setattr(recycle, "held", [0, 0])
     pool.reclaim = recycle.reclaim
-    return SimpleNamespace(pool=pool, be=be)
+    return SimpleNamespace(pool=pool, be=be, Holder=CHolder if c else Holder)
 
 
 def stats(pool):
@@ -66,7 +81,7 @@ def stats(pool):
 def test_a_dead_tensor_array_is_binned_counted_free_and_taken_back_counted_allocated(env):
     pool = env.pool
     before = stats(pool)
-    h = Holder(Arr(pool, (16,)))
+    h = env.Holder(Arr(pool, (16,)))
     a_id = id(h._data)
     r = round_size(64)[0]
     assert pool.allocated == before[0] + r
@@ -84,7 +99,7 @@ def test_a_dead_tensor_array_is_binned_counted_free_and_taken_back_counted_alloc
 
 def test_the_peak_counts_a_taken_array_as_a_new_allocation(env):
     pool = env.pool
-    h = Holder(Arr(pool, (16,)))
+    h = env.Holder(Arr(pool, (16,)))
     del h
     pool.reset_peak()
     assert pool.peak_allocated == pool.allocated
@@ -95,20 +110,20 @@ def test_the_peak_counts_a_taken_array_as_a_new_allocation(env):
 def test_arrays_someone_else_holds_or_shares_are_not_binned(env):
     pool = env.pool
     a = Arr(pool, (16,))
-    h = Holder(a)
+    h = env.Holder(a)
     del h  # `a` still held here
     assert recycle.held[0] == 0
     # a view (its base is the array) keeps the array; the view itself is not a base array
     base = Arr(pool, (16,))
     view = Arr(pool, (8,), data=Ptr(base.data.mem), base=base)
-    h = Holder(view)
+    h = env.Holder(view)
     del h
     assert recycle.held[0] == 0
     # another array over the same memory (base None, shared memory object)
     b = Arr(pool, (16,))
     other = Arr(pool, (16,), data=Ptr(b.data.mem))
     del other
-    h = Holder(b)
+    h = env.Holder(b)
     del b
     extra = Ptr(h._data.data.mem, 0)  # a second pointer over its memory
     del h
@@ -116,23 +131,23 @@ def test_arrays_someone_else_holds_or_shares_are_not_binned(env):
     del extra
     # too large, not contiguous, not this pool's block start
     for arr in (Arr(pool, (recycle.MAX_NUMEL + 1,)), Arr(pool, (16,), contiguous=False)):
-        h = Holder(arr)
+        h = env.Holder(arr)
         del arr, h
     assert recycle.held[0] == 0
     m = Mem(pool, 256)
-    h = Holder(Arr(pool, (16,), data=Ptr(m, 64)))
+    h = env.Holder(Arr(pool, (16,), data=Ptr(m, 64)))
     del m, h
     assert recycle.held[0] == 0
 
 
 def test_the_bin_is_bounded_per_key_and_in_bytes(env, monkeypatch):
     pool = env.pool
-    hs = [Holder(Arr(pool, (16,))) for _ in range(recycle.PER_KEY + 3)]
+    hs = [env.Holder(Arr(pool, (16,))) for _ in range(recycle.PER_KEY + 3)]
     del hs
     assert recycle.held[0] == recycle.PER_KEY
     allocated = pool.allocated
     monkeypatch.setattr(recycle, "MAX_BYTES", recycle.held[1] + 1024)
-    hs = [Holder(Arr(pool, (300,))) for _ in range(4)]  # 1200 B -> 1536 B blocks: none fits in 1024 more bytes
+    hs = [env.Holder(Arr(pool, (300,))) for _ in range(4)]  # 1200 B -> 1536 B blocks: none fits in 1024 more bytes
     del hs
     assert recycle.held[0] == recycle.PER_KEY and pool.allocated == allocated
 
@@ -140,7 +155,7 @@ def test_the_bin_is_bounded_per_key_and_in_bytes(env, monkeypatch):
 def test_streams_and_pinned_streams(env):
     pool, be = env.pool, env.be
     be.stream = 7
-    h = Holder(Arr(pool, (16,)))
+    h = env.Holder(Arr(pool, (16,)))
     del h
     be.stream = 0
     assert recycle.take((16,), np.dtype(np.float32)) is None  # another stream's array: never
@@ -148,7 +163,7 @@ def test_streams_and_pinned_streams(env):
     assert recycle.take((16,), np.dtype(np.float32)) is not None
     pool.pin_stream(9)
     be.stream = 9
-    h = Holder(Arr(pool, (16,)))
+    h = env.Holder(Arr(pool, (16,)))
     del h
     assert recycle.held[0] == 0  # a CUDA graph's stream: its blocks go to the pool
 
@@ -157,8 +172,8 @@ def test_streams_and_pinned_streams(env):
                                  "pin_stream", "release_stream"])
 def test_whatever_lists_or_releases_blocks_settles_the_bin_first(env, how):
     pool = env.pool
-    keep = Holder(Arr(pool, (32,)))
-    hs = [Holder(Arr(pool, (16,))) for _ in range(3)]
+    keep = env.Holder(Arr(pool, (32,)))
+    hs = [env.Holder(Arr(pool, (16,))) for _ in range(3)]
     del hs
     assert recycle.held[0] == 3
     allocated, requested = pool.allocated, pool.requested
@@ -177,7 +192,7 @@ def test_whatever_lists_or_releases_blocks_settles_the_bin_first(env, how):
 def test_the_out_of_memory_retry_settles_the_bin(env):
     pool = env.pool
     pool.set_limit(2 * MiB)
-    hs = [Holder(Arr(pool, (64 * 1024,))) for _ in range(4)]  # 4 x 256 KiB in the one 2 MiB small segment
+    hs = [env.Holder(Arr(pool, (64 * 1024,))) for _ in range(4)]  # 4 x 256 KiB in the one 2 MiB small segment
     del hs
     assert recycle.held[0] == 4 and pool.reserved == 2 * MiB
     ptr = pool.malloc(3 * MiB // 2 + 1)  # a medium block: only after the small segment is released
@@ -189,7 +204,7 @@ def test_the_out_of_memory_retry_settles_the_bin(env):
 
 def test_disabled_bins_nothing(env):
     recycle.on[0] = False
-    h = Holder(Arr(env.pool, (16,)))
+    h = env.Holder(Arr(env.pool, (16,)))
     del h
     assert recycle.held[0] == 0
 
@@ -200,7 +215,7 @@ def test_enable_and_disable_hook_tensor_del_and_cpu_tensors_pass_through(env, mo
     monkeypatch.delattr(tensor_cls, "__del__", raising=False)  # (a GPU process has the real bin on: back at teardown)
     recycle.enable(env.pool)
     try:
-        assert tensor_cls.__dict__["__del__"] is recycle._tensor_del and env.pool.reclaim is recycle.reclaim
+        assert tensor_cls.__dict__["__del__"] is recycle.del_hook(tensor_cls) and env.pool.reclaim is recycle.reclaim
         t = flame.ones(4) * 2.0  # cpu tensors die through the hook untouched
         del t
         assert recycle.held[0] == 0

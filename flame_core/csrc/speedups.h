@@ -1,0 +1,14 @@
+/* flame_core._speedups: the per-op hot paths of the eager API in C (module.c). Each part keeps its Python version as
+its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _tensor_del) and apply.c
+(flame_core/autograd/function.py: Function.apply). */
+#ifndef FLAME_SPEEDUPS_H
+#define FLAME_SPEEDUPS_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+extern PyMethodDef recycle_methods[];
+extern PyMethodDef apply_methods[];
+int recycle_init(void);
+int apply_init(void);
+
+#endif
