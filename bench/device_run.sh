@@ -24,7 +24,7 @@ if [ -d .whl ]; then
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 # the C extension (flame_core._speedups) as an install builds it: this tree runs from PYTHONPATH, not an install
-python3 setup.py -q build_ext --inplace > "$OUT/build_ext.log" 2>&1 || { echo "build_ext failed:"; tail -5 "$OUT/build_ext.log"; }
+python3 setup.py -q build_ext --inplace --force > "$OUT/build_ext.log" 2>&1 || { echo "build_ext failed:"; tail -5 "$OUT/build_ext.log"; }
 python3 -c "from flame_core.memory import recycle; print('speedups:', recycle._c is not None)"
 mkdir -p "$CUPY_CACHE_DIR"
 [ -f .device/cupy_cache.tgz ] && tar xzf .device/cupy_cache.tgz -C "$CUPY_CACHE_DIR"
