@@ -4,6 +4,8 @@ the prebuilt kernel binaries (flame_core/kernels/binaries/) ship beside the load
 flame_core/csrc: the eager per-op hot paths) is built where a C compiler is found; without one the install goes on
 and FLAME uses their Python versions (flame_core/speedups.py).
 Everything else about the distribution is in pyproject.toml."""
+import sys
+
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
@@ -22,8 +24,10 @@ setup(
                   # the recorded CuPy compile requests the warm-up replays (flame_core/kernels/cupy_warmup.py)
                   "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin",
                                          "cupy_kernels/*.json.gz"]},
-    ext_modules=[Extension("flame_core._speedups", ["flame_core/csrc/module.c", "flame_core/csrc/recycle.c",
-                                                    "flame_core/csrc/apply.c"], depends=["flame_core/csrc/speedups.h"],
+    ext_modules=[Extension("flame_core._speedups",
+                           [f"flame_core/csrc/{n}.c" for n in ("module", "recycle", "apply", "pointwise")],
+                           depends=["flame_core/csrc/speedups.h"],
+                           libraries=["dl"] if sys.platform.startswith("linux") else [],  # dlopen (libcuda)
                            optional=True)],
     cmdclass={"build_py": BuildPy},
 )

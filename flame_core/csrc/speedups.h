@@ -1,6 +1,7 @@
 /* flame_core._speedups: the per-op hot paths of the eager API in C (module.c). Each part keeps its Python version as
-its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _tensor_del) and apply.c
-(flame_core/autograd/function.py: Function.apply). */
+its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _tensor_del), apply.c
+(flame_core/autograd/function.py: Function.apply) and pointwise.c (flame_core/kernels/pointwise_small.py: fast_scalar,
+fast_binary, fast_unary, fast_grad). */
 #ifndef FLAME_SPEEDUPS_H
 #define FLAME_SPEEDUPS_H
 #define PY_SSIZE_T_CLEAN
@@ -8,7 +9,9 @@ its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _
 
 extern PyMethodDef recycle_methods[];
 extern PyMethodDef apply_methods[];
+extern PyMethodDef pointwise_methods[];
 int recycle_init(void);
 int apply_init(void);
+int pointwise_init(void);
 
 #endif

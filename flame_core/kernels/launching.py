@@ -152,7 +152,7 @@ class PackedLaunch:
     dependent: launched as a programmatic dependent of the stream's previous kernel (see launch_dependent, which
     checks that the device and driver allow it)."""
     __slots__ = ("_fn", "_grid", "_block", "_smem", "_vals", "_ptrs", "_cv", "_slots", "_pa", "_dep", "_lead",
-                 "_maps")
+                 "_maps", "_vaddr")
 
     def __init__(self, kernel, grid, block, args, n_pointers, shared_mem=0, dependent=False):
         self._fn = _driver_function(kernel).ptr
@@ -178,7 +178,8 @@ class PackedLaunch:
             self._ptrs[i] = m.address
         # a ctypes view of the slots (cheaper to write than a NumPy slice) and the parameter array's address, read
         # once (`ndarray.ctypes` costs over a microsecond per access)
-        self._cv = (ctypes.c_uint64 * len(args)).from_address(self._vals.ctypes.data)
+        self._vaddr = int(self._vals.ctypes.data)  # the slots' address (the C launch of flame_core/csrc/pointwise.c)
+        self._cv = (ctypes.c_uint64 * self._vals.size).from_address(self._vaddr)
         self._pa = int(self._ptrs.ctypes.data)
         self._slots = tuple(range(n_pointers)) if type(n_pointers) is int else tuple(int(i) for i in n_pointers)
         # the dynamic slots are the first k (every per-op launch): one slice store writes them all
@@ -276,6 +277,11 @@ class LaunchCache:
     def clear(self):
         """Drop this thread's entries (tests; a kernel reload)."""
         self._local.d = {}
+
+
+def _driver_error(status):
+    """Raise CuPy's error for a failed driver call (the C launch's, flame_core/csrc/pointwise.c)."""
+    raise backend.cupy.cuda.driver.CUDADriverError(int(status))
 
 
 # bound once: the per-launch path reads no module attributes of CuPy

@@ -34,7 +34,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from .. import backend
+from .. import backend, speedups
 from ..memory import recycle
 from . import launching, loader, plans
 
@@ -301,3 +301,13 @@ def _clamp_launch(name, ready, like, inputs, lo, hi):
 def cached_launches():
     """How many PackedLaunches this thread holds (tests: the second call of a shape reuses the first's)."""
     return len(_local.launches)
+
+
+# the four per-op entry points in C where the extension is built (flame_core/csrc/pointwise.c: these functions with
+# the same checks and results, launching the same PackedLaunches); the Python ones stay the specification and the
+# fallback (flame_core.speedups)
+py_fast_scalar, py_fast_binary, py_fast_unary, py_fast_grad = fast_scalar, fast_binary, fast_unary, fast_grad
+_c = speedups.module
+if _c is not None:
+    _c.configure_pointwise(globals(), vars(launching))
+    fast_scalar, fast_binary, fast_unary, fast_grad = _c.fast_scalar, _c.fast_binary, _c.fast_unary, _c.fast_grad

@@ -5,13 +5,24 @@ import pytest
 from kernel_utils import DTYPES, TOL, rand
 
 import flame_core as flame
-from flame_core import backend
+from flame_core import backend, speedups
 from flame_core.kernels import launching, loader, plans
 from flame_core.kernels import pointwise_small as PS
 
 SIZES = (1, 7, 1000, 65536)
 MANT = {"float32": 23, "float16": 10, "bfloat16": 7}
 MIN_EXP = {"float32": -126, "float16": -14, "bfloat16": -126}
+
+
+@pytest.fixture(autouse=True, params=["python", pytest.param("c", marks=pytest.mark.skipif(
+    speedups.module is None, reason="flame_core._speedups is not built (no C compiler at install)"))])
+def impl(request, monkeypatch):
+    """Every test under both implementations of the entry points: the Python functions and their C versions
+    (flame_core/csrc/pointwise.c, the default where built), wherever the ops call them (PS.fast_*)."""
+    for name in ("fast_scalar", "fast_binary", "fast_unary", "fast_grad"):
+        fn = getattr(speedups.module, name) if request.param == "c" else getattr(PS, "py_" + name)
+        monkeypatch.setattr(PS, name, fn)
+    return request.param
 
 
 def _np(a):
