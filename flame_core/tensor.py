@@ -1,7 +1,7 @@
 """Tensor: one NumPy (cpu) or CuPy (cuda) array plus its autograd state. Ops live in flame_core/ops."""
 import numpy as np
 
-from . import backend
+from . import backend, speedups
 from . import dtypes as D
 from .device import CPU, device_of_array
 from .device import device as _parse_device
@@ -461,6 +461,14 @@ def _wrap(arr, requires_grad=False):
     if _memory_hook is not None:
         _memory_hook(arr)
     return t
+
+
+# tensor birth in C where the extension is built (flame_core/csrc/tensor.c: this function, statement for statement);
+# py_wrap stays the specification and the fallback (flame_core.speedups). Bound before the modules that import _wrap.
+py_wrap = _wrap
+if speedups.module is not None:
+    speedups.module.configure_tensor(globals())
+    _wrap = speedups.module.wrap
 
 
 class _View(Tensor):

@@ -1,7 +1,7 @@
 /* flame_core._speedups: the per-op hot paths of the eager API in C (module.c). Each part keeps its Python version as
 its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _tensor_del), apply.c
 (flame_core/autograd/function.py: Function.apply) and pointwise.c (flame_core/kernels/pointwise_small.py: fast_scalar,
-fast_binary, fast_unary, fast_grad). */
+fast_binary, fast_unary, fast_grad) and tensor.c (flame_core/tensor.py: _wrap). */
 #ifndef FLAME_SPEEDUPS_H
 #define FLAME_SPEEDUPS_H
 #define PY_SSIZE_T_CLEAN
@@ -10,8 +10,10 @@ fast_binary, fast_unary, fast_grad). */
 extern PyMethodDef recycle_methods[];
 extern PyMethodDef apply_methods[];
 extern PyMethodDef pointwise_methods[];
+extern PyMethodDef tensor_methods[];
 int recycle_init(void);
 int apply_init(void);
 int pointwise_init(void);
+int tensor_init(void);
 
 #endif
