@@ -200,7 +200,17 @@ def _split_rounds(sides, rounds, chains):
 
 def profile(device, kind, n, top=30):
     """cProfile of `n` FLAME chains on `device`, forward and backward apart, and the packed launches per chain: a
-    text report (also the returned dict's "report")."""
+    text report (also the returned dict's "report"). Function.apply runs its Python version while profiled
+    (function.hold_python_apply): Python 3.12's cProfile lost the frames around the C one, run_backward's among them."""
+    from flame_core.autograd import function
+    function.hold_python_apply(True)
+    try:
+        return _profile(device, kind, n, top)
+    finally:
+        function.hold_python_apply(False)
+
+
+def _profile(device, kind, n, top):
     from flame_core.kernels import launching
     _, x, sync, run, params = _flame_side(device, kind)
     for _ in range(5):

@@ -411,8 +411,8 @@ _NEEDS1 = (True,)
 # ----------------------------------------------------------------------------- Function.apply in C
 # flame_core/csrc/apply.c is `py_apply` without the interpreter; it reads this module's names (state, Node, _Ctx,
 # _tensor_cls, _FLOAT_NP, accumulator_of, _record_outputs and the two helpers below) at each call. py_apply stays the
-# specification and the fallback, and is put back while something reads the op from its frame (the memory
-# profiler: `hold_python_apply`).
+# specification and the fallback, and runs in the C apply's place while something reads the op from its frame (the
+# memory profiler: `hold_python_apply`).
 py_apply = Function.__dict__["apply"]  # the classmethod
 
 
@@ -432,16 +432,20 @@ def _anomaly_stack():
     return forward_stack()
 
 
+_py_apply_fn = py_apply.__func__  # what the C apply calls while held
+_python_holds = [0]
 _c = speedups.module
 _c_apply = None
 if _c is not None:
     _c.configure_apply(globals())
     _c_apply = classmethod(_c.apply)
     Function.apply = _c_apply
-_python_holds = [0]
 
 
 def hold_python_apply(on):
-    """Use py_apply while held (on=True), the C apply again when the last hold is released (on=False)."""
+    """Run py_apply in the C apply's place while held (on=True) until the last hold is released (on=False):
+    Function.apply is py_apply meanwhile, and the C apply reads the count at each call, so references bound before
+    the hold (ops/__init__.py's) run py_apply too."""
     _python_holds[0] += 1 if on else -1
-    Function.apply = py_apply if _python_holds[0] > 0 or _c_apply is None else _c_apply
+    if _c_apply is not None:
+        Function.apply = py_apply if _python_holds[0] > 0 else _c_apply

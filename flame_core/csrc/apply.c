@@ -2,7 +2,9 @@
 
 Every op goes through it: find the inputs' edges, run the forward with grad mode off, record one Node when an input
 requires grad. It is py_apply statement for statement without the interpreter; py_apply stays its specification and
-the fallback (not built, FLAME_SPEEDUPS=0, and while a memory profiler reads the op from py_apply's frame).
+the fallback (not built, FLAME_SPEEDUPS=0), and runs in its place while held (`function.hold_python_apply`: a
+memory profiler reads the op from py_apply's frame; bound references to the C apply, such as ops/__init__.py's, see
+the hold too).
 
 Names are read from function.py's module dict at each call (`configure_apply(globals())` hands it over once):
 `state`, `_tensor_cls`, `Node`, `_Ctx`, `_FLOAT_NP`, `accumulator_of`, `_record_outputs`, `_forward_value_error`,
@@ -11,7 +13,7 @@ Names are read from function.py's module dict at each call (`configure_apply(glo
 
 static PyObject *g_fn_globals;
 
-static PyObject *s_state, *s__tensor_cls, *s_Node, *s__Ctx, *s__FLOAT_NP, *s_accumulator_of, *s__record_outputs,
+static PyObject *s__python_holds, *s__py_apply_fn, *s_state, *s__tensor_cls, *s_Node, *s__Ctx, *s__FLOAT_NP, *s_accumulator_of, *s__record_outputs,
     *s__forward_value_error, *s__anomaly_stack, *s_enabled, *s_anomaly, *s__grad_fn, *s__out_idx, *s__requires_grad,
     *s__fn, *s__saved, *s__hooks, *s__non_diff, *s__freed, *s_next_functions, *s_needs_input_grad,
     *s__forward_stack, *s_forward, *s__out_meta, *s__data, *s_dtype, *s_shape, *s__f8, *s__alias;
@@ -280,12 +282,25 @@ end:
 static PyObject *apply(PyObject *mod, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), n, i;
     PyObject *cls, *state, *en, *ctx, *out, *box, *tensor_cls, *edges = NULL, *needs = NULL, *node = NULL,
-             *node_cls;
+             *node_cls, *holds;
     int t, record = 0;
     (void)mod;
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "apply() needs the Function class");
         return NULL;
+    }
+    /* held (hold_python_apply): py_apply runs, whose frame the memory profiler reads */
+    if ((holds = fglobal(s__python_holds)) == NULL)
+        return NULL;
+    if (!PyList_Check(holds) || PyList_GET_SIZE(holds) < 1) {
+        PyErr_SetString(PyExc_TypeError, "function._python_holds is not a one-element list");
+        return NULL;
+    }
+    if ((t = PyObject_IsTrue(PyList_GET_ITEM(holds, 0))) < 0)
+        return NULL;
+    if (t) {
+        PyObject *pyfn = fglobal(s__py_apply_fn);
+        return pyfn == NULL ? NULL : PyObject_Vectorcall(pyfn, args, nargsf, kwnames);
     }
     cls = args[0];
     args += 1;
@@ -423,7 +438,7 @@ PyMethodDef apply_methods[] = {
         return -1;
 
 int apply_init(void) {
-    INTERN(s_state, "state") INTERN(s__tensor_cls, "_tensor_cls") INTERN(s_Node, "Node") INTERN(s__Ctx, "_Ctx")
+    INTERN(s__python_holds, "_python_holds") INTERN(s__py_apply_fn, "_py_apply_fn") INTERN(s_state, "state") INTERN(s__tensor_cls, "_tensor_cls") INTERN(s_Node, "Node") INTERN(s__Ctx, "_Ctx")
     INTERN(s__FLOAT_NP, "_FLOAT_NP") INTERN(s_accumulator_of, "accumulator_of")
     INTERN(s__record_outputs, "_record_outputs") INTERN(s__forward_value_error, "_forward_value_error")
     INTERN(s__anomaly_stack, "_anomaly_stack") INTERN(s_enabled, "enabled") INTERN(s_anomaly, "anomaly")

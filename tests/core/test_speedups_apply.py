@@ -181,11 +181,26 @@ def test_anomaly_mode_keeps_the_callers_stack(impl):
     assert "forward_stack" not in stack and "_anomaly_stack" not in stack
 
 
-def test_the_memory_profiler_holds_the_python_apply():
+def test_the_memory_profiler_holds_the_python_apply(monkeypatch):
+    """While a MemoryProfiler is open, every call of the C apply (a bound reference from before it opened too) runs
+    py_apply, whose frame names the op."""
+    import inspect
+
     from flame_core.memory.profiler import MemoryProfiler
-    before = Function.__dict__["apply"]
+    seen = []
+
+    class Probe(Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(any(f.frame.f_code is function._py_apply_fn.__code__ for f in inspect.stack()))
+            return x.detach() * 2.0
+
+    bound = Probe.apply  # bound before the hold
+    x = flame.ones(2, requires_grad=True, device="cpu")
+    bound(x)
     with MemoryProfiler(device="cpu"):
-        assert Function.__dict__["apply"] is function.py_apply
-    assert Function.__dict__["apply"] is before
-    if speedups.module is not None:
-        assert before is function._c_apply
+        bound(x)
+        Probe.apply(x)
+    bound(x)
+    assert function._python_holds == [0]
+    assert seen == ([False, True, True, False] if speedups.module is not None else [True] * 4)
