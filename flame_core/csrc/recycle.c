@@ -348,7 +348,8 @@ done:
     Py_XDECREF(tmp);
     Py_XDECREF(pool_ref);
     if (failed) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* interpreter shutdown: recycle's globals may be None */
+        /* interpreter shutdown: recycle's globals may be None, or gone from its dict */
+        if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_NameError)) {
             PyErr_Clear();
             Py_RETURN_NONE;
         }

@@ -96,7 +96,7 @@ def _tensor_del(self):
             lst.append((a, blk))
         finally:
             lock.release()
-    except TypeError:  # interpreter shutdown: this module's globals may already be None
+    except (TypeError, NameError):  # interpreter shutdown: this module's globals may be None or gone already
         pass
 
 

@@ -206,7 +206,7 @@ def test_disabled_bins_nothing(env):
     recycle.on[0] = False
     h = env.Holder(Arr(env.pool, (16,)))
     del h
-    assert recycle.held[0] == 0
+    assert recycle.held[0] == 0 and raised == []
 
 
 def test_enable_and_disable_hook_tensor_del_and_cpu_tensors_pass_through(env, monkeypatch):
@@ -233,3 +233,17 @@ def test_the_environment_switches(monkeypatch, env_vars, want):
     for k, v in env_vars.items():
         monkeypatch.setenv(k, v)
     assert recycle.requested() is want
+
+
+def test_a_death_at_interpreter_shutdown_is_quiet(env, monkeypatch):
+    """Module teardown sets recycle's globals to None or removes them: a Tensor dying then bins nothing and raises
+    nothing (the C hook as the Python one)."""
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)  # where an exception from __del__ goes
+    h = env.Holder(Arr(env.pool, (16,)))
+    monkeypatch.delattr(recycle, "bins")
+    del h
+    monkeypatch.setattr(recycle, "_nd", None)
+    h = env.Holder(Arr(env.pool, (16,)))
+    del h
+    assert recycle.held[0] == 0 and raised == []
