@@ -206,7 +206,7 @@ def test_disabled_bins_nothing(env):
     recycle.on[0] = False
     h = env.Holder(Arr(env.pool, (16,)))
     del h
-    assert recycle.held[0] == 0 and raised == []
+    assert recycle.held[0] == 0
 
 
 def test_enable_and_disable_hook_tensor_del_and_cpu_tensors_pass_through(env, monkeypatch):
@@ -246,4 +246,5 @@ def test_a_death_at_interpreter_shutdown_is_quiet(env, monkeypatch):
     monkeypatch.setattr(recycle, "_nd", None)
     h = env.Holder(Arr(env.pool, (16,)))
     del h
-    assert recycle.held[0] == 0 and raised == []
+    assert recycle.held[0] == 0
+    assert raised == []
