@@ -20,15 +20,7 @@ static PyObject *s__python_holds, *s__py_apply_fn, *s_state, *s__tensor_cls, *s_
 static PyObject *zero, *empty;
 
 static PyObject *fglobal(PyObject *name) {
-    PyObject *v;
-    if (g_fn_globals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "flame_core._speedups: configure_apply() was not called");
-        return NULL;
-    }
-    v = PyDict_GetItemWithError(g_fn_globals, name);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_NameError, name);
-    return v;
+    return speedups_name(g_fn_globals, name);
 }
 
 /* state.enabled = value, keeping whatever exception is set (a `finally:`); 0 or -1 */
@@ -418,13 +410,7 @@ fail:
 /* configure_apply(globals): function.py's module dict */
 static PyObject *configure_apply(PyObject *mod, PyObject *d) {
     (void)mod;
-    if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "configure_apply(globals) takes a dict");
-        return NULL;
-    }
-    Py_INCREF(d);
-    Py_XSETREF(g_fn_globals, d);
-    Py_RETURN_NONE;
+    return speedups_keep_dict(&g_fn_globals, d);
 }
 
 PyMethodDef apply_methods[] = {
@@ -432,10 +418,6 @@ PyMethodDef apply_methods[] = {
      "apply(cls, *args, **kwargs): Function.apply in C (install as a classmethod)."},
     {"configure_apply", configure_apply, METH_O, "configure_apply(globals): function.py's module dict."},
     {NULL, NULL, 0, NULL}};
-
-#define INTERN(var, text)                                                                                             \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \
-        return -1;
 
 int apply_init(void) {
     INTERN(s__python_holds, "_python_holds") INTERN(s__py_apply_fn, "_py_apply_fn") INTERN(s_state, "state") INTERN(s__tensor_cls, "_tensor_cls") INTERN(s_Node, "Node") INTERN(s__Ctx, "_Ctx")

@@ -1,6 +1,28 @@
 /* flame_core._speedups: the module (speedups.h lists its parts). */
 #include "speedups.h"
 
+PyObject *speedups_name(PyObject *globals, PyObject *name) {
+    PyObject *v;
+    if (globals == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "flame_core._speedups: the module dict holding %R was not configured", name);
+        return NULL;
+    }
+    v = PyDict_GetItemWithError(globals, name);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_NameError, name);
+    return v;
+}
+
+PyObject *speedups_keep_dict(PyObject **slot, PyObject *d) {
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "flame_core._speedups: configure_*() takes a module's globals() dict");
+        return NULL;
+    }
+    Py_INCREF(d);
+    Py_XSETREF(*slot, d);
+    Py_RETURN_NONE;
+}
+
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "flame_core._speedups",
                                        "The eager API's per-op hot paths in C (flame_core/csrc).", -1, NULL,
                                        NULL, NULL, NULL, NULL};

@@ -32,15 +32,7 @@ static launch_fn cu_launch; /* libcuda's cuLaunchKernel, found at the first laun
 static int cu_launch_missing;
 
 static PyObject *getg(PyObject *d, PyObject *name) {
-    PyObject *v;
-    if (d == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "flame_core._speedups: configure_pointwise() was not called");
-        return NULL;
-    }
-    v = PyDict_GetItemWithError(d, name);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_NameError, name);
-    return v;
+    return speedups_name(d, name);
 }
 
 static int contiguous(PyObject *a) {
@@ -578,16 +570,16 @@ static PyObject *fast_grad(PyObject *mod, PyObject *const *args, Py_ssize_t narg
 
 /* configure_pointwise(pointwise_small_globals, launching_globals) */
 static PyObject *configure_pointwise(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *r;
     (void)mod;
-    if (nargs != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+    if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "configure_pointwise(pointwise_small globals, launching globals)");
         return NULL;
     }
-    Py_INCREF(args[0]);
-    Py_XSETREF(g_ps, args[0]);
-    Py_INCREF(args[1]);
-    Py_XSETREF(g_launching, args[1]);
-    Py_RETURN_NONE;
+    if ((r = speedups_keep_dict(&g_ps, args[0])) == NULL)
+        return NULL;
+    Py_DECREF(r);
+    return speedups_keep_dict(&g_launching, args[1]);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
@@ -599,10 +591,6 @@ PyMethodDef pointwise_methods[] = {
     {"configure_pointwise", FASTCALL(configure_pointwise),
      "configure_pointwise(pointwise_small globals, launching globals)."},
     {NULL, NULL, 0, NULL}};
-
-#define INTERN(var, text)                                                                                             \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \
-        return -1;
 
 int pointwise_init(void) {
     INTERN(s__nd, "_nd") INTERN(s_MAX_NUMEL, "MAX_NUMEL") INTERN(s__CUPY_FLAG_ATTR, "_CUPY_FLAG_ATTR")

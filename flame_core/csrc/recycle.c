@@ -27,15 +27,7 @@ static PyObject *one; /* the int 1 */
 
 /* recycle's global `name` (borrowed), or NULL with an exception set */
 static PyObject *global(PyObject *name) {
-    PyObject *v;
-    if (g_globals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "flame_core._speedups: configure() was not called");
-        return NULL;
-    }
-    v = PyDict_GetItemWithError(g_globals, name);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_NameError, name);
-    return v;
+    return speedups_name(g_globals, name);
 }
 
 /* element 0 of a one-element list global (`on`, `_pool`; borrowed) */
@@ -488,16 +480,10 @@ static PyObject *del_for(PyObject *mod, PyObject *cls) {
     return PyDescr_NewMethod((PyTypeObject *)cls, &tensor_del_def);
 }
 
-/* configure(globals): the module dict whose names the hooks read (recycle's) */
+/* configure_recycle(globals): the module dict whose names the hooks read (recycle's) */
 static PyObject *configure(PyObject *mod, PyObject *d) {
     (void)mod;
-    if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "configure(globals) takes a dict");
-        return NULL;
-    }
-    Py_INCREF(d);
-    Py_XSETREF(g_globals, d);
-    Py_RETURN_NONE;
+    return speedups_keep_dict(&g_globals, d);
 }
 
 PyMethodDef recycle_methods[] = {
@@ -505,10 +491,6 @@ PyMethodDef recycle_methods[] = {
     {"del_for", del_for, METH_O, "del_for(cls): recycle._tensor_del in C, as a method descriptor of cls."},
     {"configure_recycle", configure, METH_O, "configure_recycle(globals): recycle.py's module dict (the hooks' state)."},
     {NULL, NULL, 0, NULL}};
-
-#define INTERN(var, text)                                                                                             \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \
-        return -1;
 
 int recycle_init(void) {
     INTERN(s__data, "_data") INTERN(s_size, "size") INTERN(s_base, "base") INTERN(s__c_contiguous, "_c_contiguous")

@@ -16,4 +16,16 @@ int apply_init(void);
 int pointwise_init(void);
 int tensor_init(void);
 
+/* module.c: shared by the parts */
+/* `name` in the module dict `globals` (borrowed), or NULL with an exception set (NameError where it is missing;
+   RuntimeError where the part's configure_*() has not handed the dict over yet) */
+PyObject *speedups_name(PyObject *globals, PyObject *name);
+/* configure_*(d): keep the module dict `d` in *slot (a new reference; the old one dropped); None or NULL */
+PyObject *speedups_keep_dict(PyObject **slot, PyObject *d);
+
+/* an interned name for attribute and dict lookups, in a part's init function (which returns -1 on failure) */
+#define INTERN(var, text)                                                                                             \
+    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \
+        return -1;
+
 #endif

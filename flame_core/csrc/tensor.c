@@ -9,15 +9,7 @@ static PyObject *s__ndarray, *s__cupy_ndarray, *s_backend, *s_is_cuda_array, *s_
     *s__memory_hook, *s__data, *s__version, *s__requires_grad, *s_requires_grad, *zero_t, *empty_t;
 
 static PyObject *tglobal(PyObject *name) {
-    PyObject *v;
-    if (g_tensor == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "flame_core._speedups: configure_tensor() was not called");
-        return NULL;
-    }
-    v = PyDict_GetItemWithError(g_tensor, name);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_NameError, name);
-    return v;
+    return speedups_name(g_tensor, name);
 }
 
 /* wrap(arr, requires_grad=False) */
@@ -93,23 +85,13 @@ fail:
 
 static PyObject *configure_tensor(PyObject *mod, PyObject *d) {
     (void)mod;
-    if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "configure_tensor(globals) takes a dict");
-        return NULL;
-    }
-    Py_INCREF(d);
-    Py_XSETREF(g_tensor, d);
-    Py_RETURN_NONE;
+    return speedups_keep_dict(&g_tensor, d);
 }
 
 PyMethodDef tensor_methods[] = {
     {"wrap", (PyCFunction)(void (*)(void))wrap, METH_FASTCALL | METH_KEYWORDS, "tensor._wrap in C."},
     {"configure_tensor", configure_tensor, METH_O, "configure_tensor(globals): tensor.py's module dict."},
     {NULL, NULL, 0, NULL}};
-
-#define INTERN(var, text)                                                                                             \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \
-        return -1;
 
 int tensor_init(void) {
     INTERN(s__ndarray, "_ndarray") INTERN(s__cupy_ndarray, "_cupy_ndarray") INTERN(s_backend, "backend")
