@@ -204,3 +204,26 @@ def test_the_memory_profiler_holds_the_python_apply(monkeypatch):
     bound(x)
     assert function._python_holds == [0]
     assert seen == ([False, True, True, False] if speedups.module is not None else [True] * 4)
+
+
+def test_loading_the_extension(monkeypatch):
+    """FLAME_SPEEDUPS=0 chooses the Python versions; an extension that is not built is no error; one that is built
+    but does not load is None with the reason kept in speedups.error."""
+    import importlib
+
+    monkeypatch.setattr(speedups, "error", None)
+    monkeypatch.setenv("FLAME_SPEEDUPS", "0")
+    assert speedups._load() is None and speedups.error is None
+    monkeypatch.delenv("FLAME_SPEEDUPS")
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    assert speedups._load() is None and speedups.error is None
+
+    def broken(name):
+        raise ImportError("undefined symbol: PyFoo")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    assert speedups._load() is None and "undefined symbol: PyFoo" in speedups.error
