@@ -9,14 +9,15 @@ the small-array pointwise entry points with their launches (pointwise.c) and the
     Why a built extension did not import (its ImportError as text), else None.
 """
 import importlib
-import os
+
+from .backend import env_flag
 
 error = None
 
 
 def _load():
     global error
-    if os.environ.get("FLAME_SPEEDUPS", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not env_flag("FLAME_SPEEDUPS"):
         return None
     name = __name__.rpartition(".")[0] + "._speedups"
     try:

@@ -23,13 +23,40 @@ PyObject *speedups_keep_dict(PyObject **slot, PyObject *d) {
     Py_RETURN_NONE;
 }
 
+static PyObject *s__c_contiguous, *s_flags, *s_c_contiguous;
+
+int speedups_c_contiguous(PyObject *x, PyObject *use_flag) {
+    PyObject *v, *flags;
+    int t = PyObject_IsTrue(use_flag);
+    if (t < 0)
+        return -1;
+    if (t) {
+        v = PyObject_GetAttr(x, s__c_contiguous);
+    } else {
+        if ((flags = PyObject_GetAttr(x, s_flags)) == NULL)
+            return -1;
+        v = PyObject_GetAttr(flags, s_c_contiguous);
+        Py_DECREF(flags);
+    }
+    if (v == NULL)
+        return -1;
+    t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+static int module_init(void) {
+    INTERN(s__c_contiguous, "_c_contiguous") INTERN(s_flags, "flags") INTERN(s_c_contiguous, "c_contiguous")
+    return 0;
+}
+
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "flame_core._speedups",
                                        "The eager API's per-op hot paths in C (flame_core/csrc).", -1, NULL,
                                        NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m;
-    if (recycle_init() < 0 || apply_init() < 0 || pointwise_init() < 0 || tensor_init() < 0)
+    if (module_init() < 0 || recycle_init() < 0 || apply_init() < 0 || pointwise_init() < 0 || tensor_init() < 0)
         return NULL;
     if ((m = PyModule_Create(&moduledef)) == NULL)
         return NULL;

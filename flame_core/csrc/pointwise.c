@@ -19,10 +19,10 @@ hands them over once), so whatever replaces one (a test's monkeypatch) is seen a
 
 static PyObject *g_ps, *g_launching; /* the module dicts */
 
-static PyObject *s__nd, *s_MAX_NUMEL, *s__CUPY_FLAG_ATTR, *s__contiguous, *s__KIND, *s__kstate, *s__env_get,
+static PyObject *s__nd, *s_MAX_NUMEL, *s__CUPY_FLAG_ATTR, *s__KIND, *s__kstate, *s__env_get,
     *s__KERNELS_KEY, *s_backend, *s__cuda_ok, *s_loader, *s_enabled, *s__one_device, *s_current_device, *s__bits,
     *s__scalar_bits, *s__rc_on, *s__rc_take, *s__local, *s_launches, *s__SCALAR, *s__BINARY, *s__UNARY, *s__GRAD,
-    *s_size, *s__c_contiguous, *s_shape, *s_dtype, *s_num, *s_data, *s_ptr, *s__dep, *s__lead, *s__vaddr, *s__fn,
+    *s_size, *s_shape, *s_dtype, *s_num, *s_data, *s_ptr, *s__dep, *s__lead, *s__vaddr, *s__fn,
     *s__grid, *s__block, *s__smem, *s__pa, *s__current_stream, *s_launch2, *s_launch3, *s__driver_error;
 static PyObject *zero_l, *one_l;
 
@@ -31,26 +31,10 @@ typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigne
 static launch_fn cu_launch; /* libcuda's cuLaunchKernel, found at the first launch */
 static int cu_launch_missing;
 
-static PyObject *getg(PyObject *d, PyObject *name) {
-    return speedups_name(d, name);
-}
-
+/* the contiguity test of pointwise_small._ready (its _CUPY_FLAG_ATTR: CuPy's flag, else the public flags) */
 static int contiguous(PyObject *a) {
-    PyObject *flag = getg(g_ps, s__CUPY_FLAG_ATTR), *v;
-    int t;
-    if (flag == NULL || (t = PyObject_IsTrue(flag)) < 0)
-        return -1;
-    if (t) {
-        v = PyObject_GetAttr(a, s__c_contiguous);
-    } else {
-        PyObject *f = getg(g_ps, s__contiguous);
-        v = f == NULL ? NULL : PyObject_CallOneArg(f, a);
-    }
-    if (v == NULL)
-        return -1;
-    t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+    PyObject *flag = speedups_name(g_ps, s__CUPY_FLAG_ATTR);
+    return flag == NULL ? -1 : speedups_c_contiguous(a, flag);
 }
 
 /* _ready(x, *others): 1 with *kind and *dev set (new references), 0 when the fast path does not apply, -1 on error */
@@ -59,7 +43,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
     long long size, max_numel;
     int t, ok = -1;
     *kind = *dev = NULL;
-    if ((nd = getg(g_ps, s__nd)) == NULL)
+    if ((nd = speedups_name(g_ps, s__nd)) == NULL)
         return -1;
     if ((PyObject *)Py_TYPE(x) != nd)
         return 0;
@@ -69,7 +53,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
     Py_DECREF(v);
     if (size == -1 && PyErr_Occurred())
         return -1;
-    if ((v = getg(g_ps, s_MAX_NUMEL)) == NULL || ((max_numel = PyLong_AsLongLong(v)) == -1 && PyErr_Occurred()))
+    if ((v = speedups_name(g_ps, s_MAX_NUMEL)) == NULL || ((max_numel = PyLong_AsLongLong(v)) == -1 && PyErr_Occurred()))
         return -1;
     if (size > max_numel)
         return 0;
@@ -110,7 +94,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
     }
     if ((num = PyObject_GetAttr(dt, s_num)) == NULL)
         goto end;
-    if ((kinds = getg(g_ps, s__KIND)) == NULL) {
+    if ((kinds = speedups_name(g_ps, s__KIND)) == NULL) {
         Py_DECREF(num);
         goto end;
     }
@@ -123,7 +107,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
     Py_INCREF(v);
     *kind = v;
     /* loader.enabled() read from its cached state while that state holds (pointwise_small._ready's inline test) */
-    if ((st = getg(g_ps, s__kstate)) == NULL)
+    if ((st = speedups_name(g_ps, s__kstate)) == NULL)
         goto end;
     {
         PyObject *st0, *st1, *st2, *envget, *key, *raw, *be, *cuda_ok;
@@ -144,20 +128,20 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
             stale = !t;
         }
         if (!stale) {
-            if ((envget = getg(g_ps, s__env_get)) == NULL || (key = getg(g_ps, s__KERNELS_KEY)) == NULL
+            if ((envget = speedups_name(g_ps, s__env_get)) == NULL || (key = speedups_name(g_ps, s__KERNELS_KEY)) == NULL
                 || (raw = PyObject_CallOneArg(envget, key)) == NULL)
                 goto end;
             stale = raw != st0;
             Py_DECREF(raw);
         }
         if (!stale) {
-            if ((be = getg(g_ps, s_backend)) == NULL || (cuda_ok = PyObject_GetAttr(be, s__cuda_ok)) == NULL)
+            if ((be = speedups_name(g_ps, s_backend)) == NULL || (cuda_ok = PyObject_GetAttr(be, s__cuda_ok)) == NULL)
                 goto end;
             stale = cuda_ok != Py_True;
             Py_DECREF(cuda_ok);
         }
         if (stale) {
-            PyObject *ld = getg(g_ps, s_loader), *r;
+            PyObject *ld = speedups_name(g_ps, s_loader), *r;
             if (ld == NULL || (r = PyObject_CallMethodNoArgs(ld, s_enabled)) == NULL)
                 goto end;
             t = PyObject_IsTrue(r);
@@ -168,7 +152,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
             }
         }
     }
-    if ((tmp = getg(g_ps, s__one_device)) == NULL || (t = PyObject_IsTrue(tmp)) < 0)
+    if ((tmp = speedups_name(g_ps, s__one_device)) == NULL || (t = PyObject_IsTrue(tmp)) < 0)
         goto end;
     if (t) {
         Py_INCREF(zero_l);
@@ -177,7 +161,7 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
         goto end;
     }
     { /* several GPUs, or not known yet: current_device((x,) + others) */
-        PyObject *cd = getg(g_ps, s_current_device), *arrs = PyTuple_New(1 + n_others), *r;
+        PyObject *cd = speedups_name(g_ps, s_current_device), *arrs = PyTuple_New(1 + n_others), *r;
         if (arrs == NULL)
             goto end;
         Py_INCREF(x);
@@ -212,7 +196,7 @@ end:
 static PyObject *new_output(PyObject *x) {
     PyObject *on_box, *shape, *dtype, *out = NULL, *args[2];
     int t;
-    if ((on_box = getg(g_ps, s__rc_on)) == NULL)
+    if ((on_box = speedups_name(g_ps, s__rc_on)) == NULL)
         return NULL;
     if (!PyList_Check(on_box) || PyList_GET_SIZE(on_box) < 1) {
         PyErr_SetString(PyExc_TypeError, "pointwise_small._rc_on is not recycle.on");
@@ -229,7 +213,7 @@ static PyObject *new_output(PyObject *x) {
     args[0] = shape;
     args[1] = dtype;
     if (t) {
-        PyObject *take = getg(g_ps, s__rc_take);
+        PyObject *take = speedups_name(g_ps, s__rc_take);
         out = take == NULL ? NULL : PyObject_Vectorcall(take, args, 2, NULL);
         if (out == Py_None)
             Py_CLEAR(out);
@@ -237,7 +221,7 @@ static PyObject *new_output(PyObject *x) {
             goto end;
     }
     if (out == NULL) {
-        PyObject *nd = getg(g_ps, s__nd);
+        PyObject *nd = speedups_name(g_ps, s__nd);
         if (nd != NULL)
             out = PyObject_Vectorcall(nd, args, 2, NULL);
     }
@@ -344,7 +328,7 @@ static int launch(PyObject *pl, const unsigned long long *vals, int n) {
     if (attr_uint(pl, s__vaddr, &vaddr) < 0 || attr_uint(pl, s__fn, &fn) < 0 || attr_uint(pl, s__smem, &smem) < 0
         || attr_uint(pl, s__pa, &pa) < 0 || dims3(pl, s__grid, grid) < 0 || dims3(pl, s__block, block) < 0)
         return -1;
-    if ((cs = getg(g_launching, s__current_stream)) == NULL || (st = PyObject_CallNoArgs(cs)) == NULL)
+    if ((cs = speedups_name(g_launching, s__current_stream)) == NULL || (st = PyObject_CallNoArgs(cs)) == NULL)
         return -1;
     sp = PyObject_GetAttr(st, s_ptr);
     Py_DECREF(st);
@@ -355,7 +339,7 @@ static int launch(PyObject *pl, const unsigned long long *vals, int n) {
     if (stream == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     /* launching.launches += 1 (tests read it to prove a kernel path ran) */
-    if ((counter = getg(g_launching, s_launches)) == NULL || (v = PyNumber_Add(counter, one_l)) == NULL)
+    if ((counter = speedups_name(g_launching, s_launches)) == NULL || (v = PyNumber_Add(counter, one_l)) == NULL)
         return -1;
     status = PyDict_SetItem(g_launching, s_launches, v);
     Py_DECREF(v);
@@ -366,7 +350,7 @@ static int launch(PyObject *pl, const unsigned long long *vals, int n) {
     status = f((void *)(uintptr_t)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], (unsigned)smem,
                (void *)(uintptr_t)stream, (void **)(uintptr_t)pa, NULL);
     if (status != 0) {
-        PyObject *err = getg(g_launching, s__driver_error), *code, *r;
+        PyObject *err = speedups_name(g_launching, s__driver_error), *code, *r;
         if (err == NULL)
             return -1;
         if ((code = PyLong_FromLong(status)) == NULL)
@@ -383,7 +367,7 @@ static int launch(PyObject *pl, const unsigned long long *vals, int n) {
 
 /* The thread's PackedLaunch for (name, kind, n, dev): _local.launches[key] (its __missing__ builds one) */
 static PyObject *packed(PyObject *name, PyObject *kind, PyObject *n, PyObject *dev) {
-    PyObject *local = getg(g_ps, s__local), *ls, *key, *pl;
+    PyObject *local = speedups_name(g_ps, s__local), *ls, *key, *pl;
     if (local == NULL || (ls = PyObject_GetAttr(local, s_launches)) == NULL)
         return NULL;
     key = PyTuple_Pack(4, name, kind, n, dev);
@@ -417,7 +401,7 @@ static PyObject *run(PyObject *table, PyObject *op, PyObject *x, PyObject *y, Py
         goto fail;
     if (n) {
         if (table != NULL) { /* the op's kernel name (_SCALAR / _BINARY / _UNARY[op]); fast_grad's is its argument */
-            if ((tbl = getg(g_ps, table)) == NULL || (name = PyObject_GetItem(tbl, op)) == NULL)
+            if ((tbl = speedups_name(g_ps, table)) == NULL || (name = PyObject_GetItem(tbl, op)) == NULL)
                 goto fail;
         } else {
             Py_INCREF(op);
@@ -473,14 +457,14 @@ static PyObject *fast_scalar(PyObject *mod, PyObject *const *args, Py_ssize_t na
         return NULL;
     if (t == 0)
         Py_RETURN_NONE;
-    if ((tables = getg(g_ps, s__bits)) == NULL || (table = PyObject_GetItem(tables, kind)) == NULL)
+    if ((tables = speedups_name(g_ps, s__bits)) == NULL || (table = PyObject_GetItem(tables, kind)) == NULL)
         goto fail;
     bits_o = PyDict_Check(table) ? PyDict_GetItemWithError(table, s) : NULL;
     Py_XINCREF(bits_o);
     Py_DECREF(table);
     if (bits_o == NULL) {
         PyObject *sb;
-        if (PyErr_Occurred() || (sb = getg(g_ps, s__scalar_bits)) == NULL)
+        if (PyErr_Occurred() || (sb = speedups_name(g_ps, s__scalar_bits)) == NULL)
             goto fail;
         if ((bits_o = PyObject_CallFunctionObjArgs(sb, kind, s, NULL)) == NULL)
             goto fail;
@@ -553,7 +537,7 @@ static PyObject *fast_grad(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     g = args[1];
     s = args[2];
     out = nargs > 3 && args[3] != Py_None ? args[3] : NULL;
-    if ((grads = getg(g_ps, s__GRAD)) == NULL || (t = PySequence_Contains(grads, kernel)) < 0)
+    if ((grads = speedups_name(g_ps, s__GRAD)) == NULL || (t = PySequence_Contains(grads, kernel)) < 0)
         return NULL;
     if (!t)
         Py_RETURN_NONE;
@@ -594,14 +578,14 @@ PyMethodDef pointwise_methods[] = {
 
 int pointwise_init(void) {
     INTERN(s__nd, "_nd") INTERN(s_MAX_NUMEL, "MAX_NUMEL") INTERN(s__CUPY_FLAG_ATTR, "_CUPY_FLAG_ATTR")
-    INTERN(s__contiguous, "_contiguous") INTERN(s__KIND, "_KIND") INTERN(s__kstate, "_kstate")
+    INTERN(s__KIND, "_KIND") INTERN(s__kstate, "_kstate")
     INTERN(s__env_get, "_env_get") INTERN(s__KERNELS_KEY, "_KERNELS_KEY") INTERN(s_backend, "backend")
     INTERN(s__cuda_ok, "_cuda_ok") INTERN(s_loader, "loader") INTERN(s_enabled, "enabled")
     INTERN(s__one_device, "_one_device") INTERN(s_current_device, "current_device") INTERN(s__bits, "_bits")
     INTERN(s__scalar_bits, "_scalar_bits") INTERN(s__rc_on, "_rc_on") INTERN(s__rc_take, "_rc_take")
     INTERN(s__local, "_local") INTERN(s_launches, "launches") INTERN(s__SCALAR, "_SCALAR")
     INTERN(s__BINARY, "_BINARY") INTERN(s__UNARY, "_UNARY") INTERN(s__GRAD, "_GRAD") INTERN(s_size, "size")
-    INTERN(s__c_contiguous, "_c_contiguous") INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_num, "num")
+    INTERN(s_shape, "shape") INTERN(s_dtype, "dtype") INTERN(s_num, "num")
     INTERN(s_data, "data") INTERN(s_ptr, "ptr") INTERN(s__dep, "_dep") INTERN(s__lead, "_lead")
     INTERN(s__vaddr, "_vaddr") INTERN(s__fn, "_fn") INTERN(s__grid, "_grid") INTERN(s__block, "_block")
     INTERN(s__smem, "_smem") INTERN(s__pa, "_pa") INTERN(s__current_stream, "_current_stream")

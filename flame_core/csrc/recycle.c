@@ -17,7 +17,7 @@ argument), this code holds one reference of its own and asks `Py_REFCNT(x) != 2`
 static PyObject *g_globals; /* recycle's module dict */
 
 /* interned names */
-static PyObject *s__data, *s_size, *s_base, *s__c_contiguous, *s_flags, *s_c_contiguous, *s_data, *s_mem, *s_ptr,
+static PyObject *s__data, *s_size, *s_base, *s_data, *s_mem, *s_ptr,
     *s__live, *s_free, *s_sub, *s_stream, *s__pinned_streams, *s_shape, *s_dtype, *s__lock, *s_acquire, *s_release,
     *s_tag, *s_allocated, *s_requested, *s_bytes_freed_total, *s_num_free, *s_cache_hits, *s_peak_allocated,
     *s_binned, *s_taken, *n_nd, *n_on, *n_bins, *n_held, *n_counts, *n_pool, *n_current_stream, *n_FLAG_ATTR,
@@ -113,37 +113,12 @@ static int release(PyObject *lock) {
     return 0;
 }
 
-/* x.flags.c_contiguous, or x._c_contiguous where CuPy has the flag (_FLAG_ATTR): 1, 0 or -1 */
-static int c_contiguous(PyObject *x) {
-    PyObject *flag_attr = global(n_FLAG_ATTR), *v, *flags;
-    int t;
-    if (flag_attr == NULL)
-        return -1;
-    t = PyObject_IsTrue(flag_attr);
-    if (t < 0)
-        return -1;
-    if (t) {
-        v = PyObject_GetAttr(x, s__c_contiguous);
-    } else {
-        flags = PyObject_GetAttr(x, s_flags);
-        if (flags == NULL)
-            return -1;
-        v = PyObject_GetAttr(flags, s_c_contiguous);
-        Py_DECREF(flags);
-    }
-    if (v == NULL)
-        return -1;
-    t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
-}
-
 /* The bin's part of a dying Tensor (recycle._tensor_del); bound to the class as its __del__ by `del_for`. */
 static PyObject *tensor_del(PyObject *self, PyObject *noargs) {
     PyObject *dict = NULL, *a = NULL, *mp = NULL, *mem = NULL, *live = NULL, *ptr = NULL, *blk = NULL, *sub = NULL,
              *stream = NULL, *size = NULL, *pinned = NULL, *key = NULL, *lst = NULL, *lock = NULL, *tmp = NULL,
              *pool_ref = NULL;
-    PyObject *nd, *pool, *on, *held, *bins, *counts, *req;
+    PyObject *nd, *pool, *on, *held, *bins, *counts, *req, *flag;
     long long numel, max_numel, held_bytes, nbytes, max_bytes, per_key;
     int t, locked = 0, failed = 0;
     (void)noargs;
@@ -178,7 +153,7 @@ static PyObject *tensor_del(PyObject *self, PyObject *noargs) {
     Py_CLEAR(tmp);
     if (t)
         goto done;
-    if ((t = c_contiguous(a)) < 0)
+    if ((flag = global(n_FLAG_ATTR)) == NULL || (t = speedups_c_contiguous(a, flag)) < 0)
         goto error;
     if (!t)
         goto done;
@@ -493,8 +468,7 @@ PyMethodDef recycle_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 int recycle_init(void) {
-    INTERN(s__data, "_data") INTERN(s_size, "size") INTERN(s_base, "base") INTERN(s__c_contiguous, "_c_contiguous")
-    INTERN(s_flags, "flags") INTERN(s_c_contiguous, "c_contiguous") INTERN(s_data, "data") INTERN(s_mem, "mem")
+    INTERN(s__data, "_data") INTERN(s_size, "size") INTERN(s_base, "base") INTERN(s_data, "data") INTERN(s_mem, "mem")
     INTERN(s_ptr, "ptr") INTERN(s__live, "_live") INTERN(s_free, "free") INTERN(s_sub, "sub")
     INTERN(s_stream, "stream") INTERN(s__pinned_streams, "_pinned_streams") INTERN(s_shape, "shape")
     INTERN(s_dtype, "dtype") INTERN(s__lock, "_lock") INTERN(s_acquire, "acquire") INTERN(s_release, "release")

@@ -23,6 +23,10 @@ PyObject *speedups_name(PyObject *globals, PyObject *name);
 /* configure_*(d): keep the module dict `d` in *slot (a new reference; the old one dropped); None or NULL */
 PyObject *speedups_keep_dict(PyObject **slot, PyObject *d);
 
+/* 1 when the array `x` is C-contiguous, 0 when not, -1 on error: x._c_contiguous where `use_flag` is true (CuPy's
+   internal flag, when it has one), else x.flags.c_contiguous */
+int speedups_c_contiguous(PyObject *x, PyObject *use_flag);
+
 /* an interned name for attribute and dict lookups, in a part's init function (which returns -1 on failure) */
 #define INTERN(var, text)                                                                                             \
     if ((var = PyUnicode_InternFromString(text)) == NULL)                                                             \

@@ -22,6 +22,7 @@ class Arr:  # what the fast path reads of a cupy.ndarray
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = int(np.prod(shape))
         self._c_contiguous = contiguous
+        self.flags = SimpleNamespace(c_contiguous=contiguous)  # the public flags (a CuPy without _c_contiguous)
         self.data = SimpleNamespace(ptr=next(_ptrs), device_id=device)
 
 
@@ -172,3 +173,14 @@ def test_errors_propagate_alike(env):
             fn("pow", x, 2.0)
     with pytest.raises(TypeError):
         speedups.module.fast_unary("neg")
+
+
+def test_the_public_contiguity_flags_where_cupy_has_no_internal_one(env, monkeypatch):
+    monkeypatch.setattr(ps, "_CUPY_FLAG_ATTR", False)
+    x, bent = Arr((8,)), Arr((8,))
+    bent._c_contiguous = True  # only the public flag says it is not contiguous
+    bent.flags.c_contiguous = False
+    (rp, lp), (rc, lc) = both(env, "fast_unary", "tanh", x)
+    assert rp is not None and roles(rp, lp, x) == roles(rc, lc, x)
+    (rp, lp), (rc, lc) = both(env, "fast_binary", "add", x, bent)
+    assert rp is None and rc is None

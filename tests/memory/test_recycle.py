@@ -35,6 +35,7 @@ class Arr:  # a CuPy ndarray's attributes that the bin reads
         self.data = data if data is not None else Ptr(Mem(pool, self.size * dtype.itemsize))
         self.base = base
         self._c_contiguous = contiguous
+        self.flags = SimpleNamespace(c_contiguous=contiguous)
 
 
 class Holder:  # a Tensor: its array in its __dict__ as `_data`
@@ -248,3 +249,16 @@ def test_a_death_at_interpreter_shutdown_is_quiet(env, monkeypatch):
     del h
     assert recycle.held[0] == 0
     assert raised == []
+
+
+def test_the_public_contiguity_flags_where_cupy_has_no_internal_one(env, monkeypatch):
+    monkeypatch.setattr(recycle, "_FLAG_ATTR", False)
+    bent = Arr(env.pool, (16,))
+    bent._c_contiguous = True  # only the public flag says it is not contiguous
+    bent.flags.c_contiguous = False
+    h = env.Holder(bent)
+    del bent, h
+    assert recycle.held[0] == 0
+    h = env.Holder(Arr(env.pool, (16,)))
+    del h
+    assert recycle.held[0] == 1
