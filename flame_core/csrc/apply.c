@@ -13,7 +13,8 @@ Names are read from function.py's module dict at each call (`configure_apply(glo
 
 static PyObject *g_fn_globals;
 
-static PyObject *s__python_holds, *s__py_apply_fn, *s_state, *s__tensor_cls, *s_Node, *s__Ctx, *s__FLOAT_NP, *s_accumulator_of, *s__record_outputs,
+static PyObject *s__python_holds, *s__py_apply_fn, *s_state, *s__tensor_cls, *s_Node, *s__Ctx, *s__FLOAT_NP,
+    *s_accumulator_of, *s__record_outputs,
     *s__forward_value_error, *s__anomaly_stack, *s_enabled, *s_anomaly, *s__grad_fn, *s__out_idx, *s__requires_grad,
     *s__fn, *s__saved, *s__hooks, *s__non_diff, *s__freed, *s_next_functions, *s_needs_input_grad,
     *s__forward_stack, *s_forward, *s__out_meta, *s__data, *s_dtype, *s_shape, *s__f8, *s__alias;
@@ -88,7 +89,7 @@ static PyObject *run_forward(PyObject *cls, PyObject *ctx, PyObject *state, PyOb
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames), total = 1 + n + nkw;
     if ((fwd = PyObject_GetAttr(cls, s_forward)) == NULL)
         return NULL;
-    buf = total <= 7 ? small + 1 : PyMem_Malloc((total + 1) * sizeof(PyObject *)) ;
+    buf = total <= 7 ? small + 1 : PyMem_Malloc((total + 1) * sizeof(PyObject *));
     if (buf == NULL) {
         Py_DECREF(fwd);
         return PyErr_NoMemory();
@@ -420,7 +421,8 @@ PyMethodDef apply_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 int apply_init(void) {
-    INTERN(s__python_holds, "_python_holds") INTERN(s__py_apply_fn, "_py_apply_fn") INTERN(s_state, "state") INTERN(s__tensor_cls, "_tensor_cls") INTERN(s_Node, "Node") INTERN(s__Ctx, "_Ctx")
+    INTERN(s__python_holds, "_python_holds") INTERN(s__py_apply_fn, "_py_apply_fn") INTERN(s_state, "state")
+    INTERN(s__tensor_cls, "_tensor_cls") INTERN(s_Node, "Node") INTERN(s__Ctx, "_Ctx")
     INTERN(s__FLOAT_NP, "_FLOAT_NP") INTERN(s_accumulator_of, "accumulator_of")
     INTERN(s__record_outputs, "_record_outputs") INTERN(s__forward_value_error, "_forward_value_error")
     INTERN(s__anomaly_stack, "_anomaly_stack") INTERN(s_enabled, "enabled") INTERN(s_anomaly, "anomaly")

@@ -53,7 +53,8 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
     Py_DECREF(v);
     if (size == -1 && PyErr_Occurred())
         return -1;
-    if ((v = speedups_name(g_ps, s_MAX_NUMEL)) == NULL || ((max_numel = PyLong_AsLongLong(v)) == -1 && PyErr_Occurred()))
+    if ((v = speedups_name(g_ps, s_MAX_NUMEL)) == NULL
+        || ((max_numel = PyLong_AsLongLong(v)) == -1 && PyErr_Occurred()))
         return -1;
     if (size > max_numel)
         return 0;
@@ -128,7 +129,8 @@ static int ready(PyObject *x, PyObject *const *others, Py_ssize_t n_others, PyOb
             stale = !t;
         }
         if (!stale) {
-            if ((envget = speedups_name(g_ps, s__env_get)) == NULL || (key = speedups_name(g_ps, s__KERNELS_KEY)) == NULL
+            if ((envget = speedups_name(g_ps, s__env_get)) == NULL
+                || (key = speedups_name(g_ps, s__KERNELS_KEY)) == NULL
                 || (raw = PyObject_CallOneArg(envget, key)) == NULL)
                 goto end;
             stale = raw != st0;

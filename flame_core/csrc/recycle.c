@@ -6,8 +6,8 @@ statement, without the interpreter. recycle.py stays their specification and the
 built (a source install without a C compiler) or FLAME_SPEEDUPS=0; tests/memory/test_recycle.py runs both against
 the same fake pool.
 
-State is read from recycle's module dictionary at every call (`configure_recycle(globals())` hands it over once): `bins`,
-`held`, `counts`, `on`, `_pool`, `_nd`, `_current_stream`, `_FLAG_ATTR`, `MAX_NUMEL`, `PER_KEY`, `MAX_BYTES`, so
+State is read from recycle's module dictionary at every call (`configure_recycle(globals())` hands it over once):
+`bins`, `held`, `counts`, `on`, `_pool`, `_nd`, `_current_stream`, `_FLAG_ATTR`, `MAX_NUMEL`, `PER_KEY`, `MAX_BYTES`, so
 whatever replaces one of them (`enable`, a test's monkeypatch) is seen as the Python functions see it.
 
 Reference counts: where the Python function asks `sys.getrefcount(x) != 3` (the holder, its local, the call's
@@ -195,7 +195,8 @@ static PyObject *tensor_del(PyObject *self, PyObject *noargs) {
     if (t)
         goto done;
     if ((sub = PyObject_GetAttr(blk, s_sub)) == NULL || (stream = PyObject_GetAttr(sub, s_stream)) == NULL
-        || (size = PyObject_GetAttr(blk, s_size)) == NULL || (pinned = PyObject_GetAttr(pool, s__pinned_streams)) == NULL)
+        || (size = PyObject_GetAttr(blk, s_size)) == NULL
+        || (pinned = PyObject_GetAttr(pool, s__pinned_streams)) == NULL)
         goto error;
     if ((t = PySequence_Contains(pinned, stream)) < 0)
         goto error;
@@ -464,7 +465,7 @@ static PyObject *configure(PyObject *mod, PyObject *d) {
 PyMethodDef recycle_methods[] = {
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(shape, dtype): recycle.take in C."},
     {"del_for", del_for, METH_O, "del_for(cls): recycle._tensor_del in C, as a method descriptor of cls."},
-    {"configure_recycle", configure, METH_O, "configure_recycle(globals): recycle.py's module dict (the hooks' state)."},
+    {"configure_recycle", configure, METH_O, "configure_recycle(globals): recycle.py's module dict."},
     {NULL, NULL, 0, NULL}};
 
 int recycle_init(void) {
