@@ -25,7 +25,8 @@ setup(
                   "flame_core.kernels": ["conv_tuned.json", "binaries/manifest.json", "binaries/*/*.fatbin",
                                          "cupy_kernels/*.json.gz"]},
     ext_modules=[Extension("flame_core._speedups",
-                           [f"flame_core/csrc/{n}.c" for n in ("module", "recycle", "apply", "pointwise", "tensor")],
+                           [f"flame_core/csrc/{n}.c"
+                            for n in ("module", "recycle", "apply", "pointwise", "tensor", "alloc")],
                            depends=["flame_core/csrc/speedups.h"],
                            libraries=["dl"] if sys.platform.startswith("linux") else [],  # dlopen (libcuda)
                            optional=True)],

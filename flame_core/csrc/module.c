@@ -56,12 +56,14 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "flame_core._speed
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m;
-    if (module_init() < 0 || recycle_init() < 0 || apply_init() < 0 || pointwise_init() < 0 || tensor_init() < 0)
+    if (module_init() < 0 || recycle_init() < 0 || apply_init() < 0 || pointwise_init() < 0 || tensor_init() < 0
+        || alloc_init() < 0)
         return NULL;
     if ((m = PyModule_Create(&moduledef)) == NULL)
         return NULL;
     if (PyModule_AddFunctions(m, recycle_methods) < 0 || PyModule_AddFunctions(m, apply_methods) < 0
-        || PyModule_AddFunctions(m, pointwise_methods) < 0 || PyModule_AddFunctions(m, tensor_methods) < 0) {
+        || PyModule_AddFunctions(m, pointwise_methods) < 0 || PyModule_AddFunctions(m, tensor_methods) < 0
+        || alloc_add_types(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

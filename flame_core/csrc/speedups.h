@@ -1,7 +1,9 @@
 /* flame_core._speedups: the per-op hot paths of the eager API in C (module.c). Each part keeps its Python version as
 its specification and fallback: recycle.c (flame_core/memory/recycle.py: take, _tensor_del), apply.c
 (flame_core/autograd/function.py: Function.apply) and pointwise.c (flame_core/kernels/pointwise_small.py: fast_scalar,
-fast_binary, fast_unary, fast_grad) and tensor.c (flame_core/tensor.py: _wrap). */
+fast_binary, fast_unary, fast_grad) and tensor.c (flame_core/tensor.py: _wrap). alloc.c is FLAME's CuPy allocator
+(flame_core/memory/cuda.py): CuPy's PythonFunctionAllocator with each block's free on an object the garbage collector
+does not track; without the module, cuda.py uses CuPy's own. */
 #ifndef FLAME_SPEEDUPS_H
 #define FLAME_SPEEDUPS_H
 #define PY_SSIZE_T_CLEAN
@@ -15,6 +17,8 @@ int recycle_init(void);
 int apply_init(void);
 int pointwise_init(void);
 int tensor_init(void);
+int alloc_init(void);
+int alloc_add_types(PyObject *m); /* BlockOwner, Allocator */
 
 /* module.c: shared by the parts */
 /* `name` in the module dict `globals` (borrowed), or NULL with an exception set (NameError where it is missing;

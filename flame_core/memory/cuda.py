@@ -1,9 +1,16 @@
 """FLAME's DevicePool installed as CuPy's allocator: one pool per GPU, raw memory from cudaMalloc.
 
-`install()` wraps the pools in `cupy.cuda.memory.PythonFunctionAllocator` and hands its `malloc` to
-`cupy.cuda.set_allocator`: every CuPy allocation (arrays, reduction scratch, cuBLAS/cuFFT buffers that go
-through CuPy) then comes from the pool; CuPy calls the free function when the last array over a block dies.
-`flame_core.memory` installs it on import when CuPy sees a GPU, unless FLAME_CUDA_POOL=0.
+`install()` hands an allocator's `malloc` over the pools to `cupy.cuda.set_allocator`: every CuPy allocation
+(arrays, reduction scratch, cuBLAS/cuFFT buffers that go through CuPy) then comes from the pool, and the block goes
+back (`_free`) when the last array over it dies. `flame_core.memory` installs it on import when CuPy sees a GPU,
+unless FLAME_CUDA_POOL=0.
+
+The allocator is `Allocator` from the C extension (flame_core/csrc/alloc.c) where it is built: CuPy's
+`PythonFunctionAllocator` with each block's free held by an object the garbage collector does not track. CuPy's own
+keeps the free function on its memory object, which the collector may clear first when it frees a reference cycle
+holding arrays (an exception's traceback, a closure): that block then never came back to the pool ("Exception
+ignored in: PythonFunctionAllocatorMemory.__dealloc__ ... 'NoneType' object is not callable"). Without the extension
+(no C compiler, FLAME_SPEEDUPS=0) CuPy's allocator is used, with that loss.
 
 Tags (the shape, dtype and, with tracking, the creating line of a tensor on each block: OOM reports, summaries, the
 profiler) are written at tensor birth only while something needs them then -- origin tracking on (the line is only
@@ -18,6 +25,7 @@ import sys
 import numpy as np
 
 from .. import backend as _backend
+from .. import speedups
 from . import cpu_tracking, recycle, tracking
 from .pool import DeviceOutOfMemory, DevicePool
 
@@ -152,12 +160,22 @@ def refresh_birth():
         recycle.disable()
 
 
+def make_allocator(cp):
+    """An allocator over the pools whose `malloc` CuPy can call: the C extension's `Allocator` (the module docstring),
+    else CuPy's `PythonFunctionAllocator`."""
+    c = speedups.module
+    if c is None:
+        return cp.cuda.memory.PythonFunctionAllocator(_malloc, _free)
+    return c.Allocator(_malloc, _free, cp.cuda.device.get_device_id, cp.cuda.memory.UnownedMemory,
+                       cp.cuda.memory.MemoryPointer)
+
+
 def install():
     """Make FLAME's pools CuPy's allocator (idempotent)."""
     global _allocator, _installed
     cp = _backend.cupy
     if _allocator is None:
-        _allocator = cp.cuda.memory.PythonFunctionAllocator(_malloc, _free)
+        _allocator = make_allocator(cp)
     cp.cuda.set_allocator(_allocator.malloc)
     _installed = True
     refresh_birth()
