@@ -4,6 +4,7 @@ names with the diffusers name map for PEFT files."""
 import flame_core as flame
 
 from .. import checkpoint_io as CIO
+from ..training import prompt_options
 from ..training.family import FLOW_FIELDS, ModelFileError
 from ..training.family_base import FlowMatchingFamily, FlowSamplerPreviews, first_line
 from ..training.model_files import describe_keys, file_keys
@@ -15,6 +16,18 @@ from .lora_keys import TARGET_PRESETS, name_map_for
 from .model import Flux
 from .params import flux_params
 from .sampling import pack
+from .true_cfg import with_true_cfg
+
+
+def _prompt_options(cfg):
+    """The sample prompts' PromptOptions (None for a prompt whose flags do not read: reported by validation)."""
+    out = []
+    for text in cfg.sample.prompts or ():
+        try:
+            out.append(prompt_options.parse(text) if isinstance(text, str) else None)
+        except prompt_options.PromptOptionError:
+            out.append(None)
+    return out or [None]
 
 
 class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
@@ -28,8 +41,10 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     default_size = "flux-tiny"
     model_sizes = ("flux-dev", "flux-schnell", "flux-tiny")
     target_presets = TARGET_PRESETS
-    fields = FLOW_FIELDS + ("train.guidance", "model.t5_path", "model.t5_max_length", "model.quantize_te")
-    field_notes = {"sample.neg": "Flux-dev is guidance-distilled: its previews take no negative prompt",
+    fields = FLOW_FIELDS + ("train.guidance", "model.t5_path", "model.t5_max_length", "model.quantize_te",
+                            "sample.neg", "sample.true_cfg", "sample.true_cfg_start")
+    true_cfg = True   # previews may run true CFG against a negative prompt (sample.true_cfg; --l beside --g)
+    field_notes = {
                    "model.use_t5": "Flux always encodes with T5",
                    "model.clip_g_path": "Flux has no CLIP-G (model.arch sd3 or sdxl has)"}
     spec_errors = (FluxCheckpointError, KeyError, ValueError)
@@ -127,11 +142,49 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
                      y=cond["y"], guidance=cond.get("guidance"), bypass_guidance="guidance" not in cond)
 
     # ------------------------------------------------------------------ previews
+    def _config_problems(self, cfg, prefix):
+        e = super()._config_problems(cfg, prefix)
+        sm = cfg.sample
+        guided = any(prompt_options.true_cfg_of(o, sm) > 1 for o in _prompt_options(cfg))
+        if isinstance(sm.neg, str) and sm.neg and not guided:
+            e.append(f"{prefix}sample.neg: Flux-dev is guidance-distilled: its previews take a negative prompt only "
+                     f"with true CFG (sample.true_cfg > 1, or a prompt's --l beside --g)")
+        if guided and not sm.prompts:
+            e.append(f"{prefix}sample.true_cfg: true CFG runs the previews of sample.prompts (the negative prompt is "
+                     f"encoded with them); this run has none")
+        if sm.true_cfg_start and not guided:
+            e.append(f"{prefix}sample.true_cfg_start: no preview runs true CFG (sample.true_cfg > 1, or a prompt's "
+                     f"--l beside --g)")
+        return e
+
+    def negative_prompt(self, cfg):
+        """sample.neg ("" when not a string) where a preview runs true CFG (sample.true_cfg > 1, or a prompt's --l
+        beside --g), else None: Flux-dev is guidance-distilled, its previews need no negative prompt."""
+        if not any(prompt_options.true_cfg_of(o, cfg.sample) > 1 for o in _prompt_options(cfg)):
+            return None
+        return cfg.sample.neg if isinstance(cfg.sample.neg, str) else ""
+
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
-               scheduler="simple"):
+               scheduler="simple", true_cfg=1.0, true_cfg_start=0):
+        """One prompt's latents; with true_cfg > 1, true CFG against cond's negative_prompt_embeds /
+        negative_pooled_prompt_embeds from step true_cfg_start on (bfl/true_cfg.py)."""
         txt = flame.tensor(cond["prompt_embeds"][None], device=device)
         y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device)
-        return flux_sampling.sample(model, txt, y, height=height, width=width, steps=steps,
+        net = self.guided(model, cond, txt, true_cfg, device)
+        return flux_sampling.sample(net, txt, y, height=height, width=width, steps=steps,
                                     guidance=guidance if model.params.guidance_embed else None, seed=seed,
-                                    callback=callback, sampler=sampler, scheduler=scheduler)
+                                    callback=callback, sampler=sampler, scheduler=scheduler,
+                                    unguided=model if net is not model else None, cfg_start=true_cfg_start)
+
+    def guided(self, model, cond, txt, true_cfg, device):
+        """`model` in a true-CFG wrapper against cond's negative_* arrays when true_cfg > 1, else `model`."""
+        if true_cfg is None or float(true_cfg) <= 1.0:
+            return model
+        keys = ("prompt_embeds", "pooled_prompt_embeds")
+        missing = [f"negative_{k}" for k in keys if f"negative_{k}" not in cond]
+        if missing:
+            raise ValueError(f"true CFG (sample.true_cfg, or --l beside --g) needs the negative prompt's conditioning; "
+                             f"the preview's has no {', '.join(missing)}")
+        neg = {k: cond[f"negative_{k}"][None] for k in keys}
+        return with_true_cfg(model, neg, [0], txt, true_cfg, device, model.img_in.weight.dtype)
 

@@ -135,7 +135,7 @@ def start_noise(seeds, latents, height, width, sampler, device):
 
 
 def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda_graph=None, callback=None,
-            sampler="euler", step_noise=None, inpaint=None):
+            sampler="euler", step_noise=None, inpaint=None, unguided=None, cfg_start=0):
     """`sampler` ("euler": x <- x + (t_next - t) * v(x, t), "heun", "dpmpp_2m" or "unipc", samplers/flow.py) steps along
     `timesteps`.
     The state stays in float32; the model sees its own dtype. Returns the final packed latents (float32).
@@ -146,27 +146,35 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     callback(i, n): called after each step i = 1..n (a progress bar; it must not touch the state).
     step_noise(i, x): a stochastic sampler's fresh noise for step i (samplers.flow.step_noise), drawn before the step
     (outside its graph). inpaint: (mask, init, noise) of img's layout: only the mask's region is denoised
-    (samplers/inpaint.py; the timesteps then go in as float32, cast to the model's dtype for it)."""
+    (samplers/inpaint.py; the timesteps then go in as float32, cast to the model's dtype for it).
+    unguided, cfg_start: with `model` a true-CFG wrapper (bfl/true_cfg.py), `unguided` the same model without the
+    negative prompt, run by the steps before `cfg_start` (0-based; SimpleTuner's validation_no_cfg_until_timestep);
+    the sampler's state carries on across the switch."""
     check_flow_sampler(sampler)
     check_step_noise(sampler, step_noise)
+    if isinstance(cfg_start, bool) or not isinstance(cfg_start, int) or cfg_start < 0:
+        raise ValueError(f"cfg_start is the first step (0-based) of true CFG, an int >= 0; got {cfg_start!r}")
+    n = len(timesteps) - 1
+    nets = {True: model}   # guided -> the net its steps run
+    if unguided is not None and cfg_start > 0:
+        nets = {False: unguided} if cfg_start >= n else {False: unguided, True: model}
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
     g = None if guidance is None else flame.full((B,), float(guidance), dtype=dtype, device=img.device)
+    t_dtype = flame.float32 if inpaint is not None else dtype   # (inpaint reads its sigma from the timestep)
 
-    def velocity(x, t_vec):
-        v = model(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec.to(dtype), y=y,
-                  guidance=g)
-        return v.to(flame.float32)
-    t_dtype = dtype
-    if inpaint is not None:   # (its sigma read from the timestep: float32, not the model's bfloat16)
-        velocity = flow_inpaint(velocity, *inpaint, lambda t: t)
-        t_dtype = flame.float32
+    def velocity_of(net):
+        def velocity(x, t_vec):
+            v = net(img=x.to(dtype), img_ids=img_ids, txt=txt, txt_ids=txt_ids, timesteps=t_vec.to(dtype), y=y,
+                    guidance=g)
+            return v.to(flame.float32)
+        return velocity if inpaint is None else flow_inpaint(velocity, *inpaint, lambda t: t)
     # a streamed inference forward is not capturable: its prefetch window wraps around from call to call
     use_graph = (img.device.type == "cuda" and streamer_of(model) is None) if cuda_graph is None else bool(cuda_graph)
-    n = len(timesteps) - 1
-    runs = {kind: flame.cuda.graphed(flow_step(velocity, kind), warmup=1, enabled=use_graph and n > 1)
-            for kind in {"euler", sampler}}
+    runs = {(kind, guided): flame.cuda.graphed(flow_step(velocity_of(net), kind), warmup=1,
+                                               enabled=use_graph and n > 1)
+            for kind in {"euler", sampler} for guided, net in nets.items()}
 
     def timestep(t):
         return flame.full((B,), float(t), dtype=t_dtype, device=img.device)
@@ -174,7 +182,7 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     with flame.no_grad():
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
-            run = runs[step_kind(sampler, i - 1, n)]
+            run = runs[(step_kind(sampler, i - 1, n), True in nets and (False not in nets or i - 1 >= cfg_start))]
             if not state:
                 x = run(x, timestep(t_cur), timestep(t_next), dt)
             else:
@@ -192,13 +200,15 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
 
 
 def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, seed=0, *, txt_ids=None,
-           shift=None, cuda_graph=None, callback=None, sampler="euler", scheduler="simple"):
+           shift=None, cuda_graph=None, callback=None, sampler="euler", scheduler="simple", unguided=None,
+           cfg_start=0):
     """Text-to-image latents with a Flux model: T5 hidden states `txt` (B, L, context_in_dim) and CLIP pooled `y`
     (B, vec_in_dim) -> VAE-space latents (B, 16, H/8, W/8), float32, before the `/SCALE + SHIFT` of decoding.
 
     Defaults follow BFL: flux-dev 50 steps, guidance 2.5, shifted schedule; schnell 4 steps, no guidance, no shift.
     cuda_graph, callback: see `denoise` (graphs are on by default on cuda). sampler: "euler" (BFL's), "heun" or
     "dpmpp_2m"; scheduler: "simple" (BFL's sigmas), "karras", "exponential" or "beta" (samplers/flow_schedules.py).
+    unguided, cfg_start: with `model` a true-CFG wrapper, the steps before cfg_start run `unguided` (see `denoise`).
     """
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
@@ -219,7 +229,7 @@ def sample(model, txt, y, height=1024, width=1024, steps=None, guidance=None, se
     timesteps = respace(get_schedule(steps, img.shape[1], shift=shift), scheduler)
     z = seeded_step_noise(seed, device) if sampler in STOCHASTIC else None   # (one stream for the batch)
     x = denoise(model, img, img_pos, txt.to(dtype), txt_pos, y.to(dtype), timesteps, guidance, cuda_graph, callback,
-                sampler, z)
+                sampler, z, unguided=unguided, cfg_start=cfg_start)
     return unpack(x, height, width)
 
 

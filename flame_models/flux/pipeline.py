@@ -44,7 +44,7 @@ def _model_dtype(model):
 
 def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=None, latents=None, rows=None,
                    callback=None, cuda_graph=None, sampler="euler", scheduler="simple", init_latents=None,
-                   strength=None, mask=None, neg=None, true_cfg=1.0):
+                   strength=None, mask=None, neg=None, true_cfg=1.0, true_cfg_start=0):
     """Denoise with the Euler (or sampler="heun" / "dpmpp_2m" / "dpmpp_2m_sde" / "unipc") sampler on Flux's
     (shifted, for dev) schedule; returns model-space latents (B, 16, H/8, W/8) float32; dpmpp_2m_sde draws image i's
     step noise from seeds[i] + 1 (samplers.flow.step_noise).
@@ -62,7 +62,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
     image is repainted; the rest stays the image (samplers/inpaint.py); strength then defaults to 1.
     True CFG (diffusers' true_cfg_scale): with true_cfg > 1 and `neg` (the negative prompt's conditioning, one row
     or one per prompt) each step also runs the negative prompt and takes v_neg + true_cfg (v_pos - v_neg)
-    (bfl/true_cfg.py)."""
+    (bfl/true_cfg.py); from step `true_cfg_start` (0-based) on -- the earlier steps run the prompt alone, as
+    SimpleTuner's validation_no_cfg_until_timestep."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
     if (strength is not None or mask is not None) and init_latents is None:
@@ -92,7 +93,8 @@ def sample_latents(model, cond, *, height, width, steps, guidance=None, seeds=No
         timesteps, x, inpaint = flow_init(timesteps, x, init_latents, strength, mask,
                                           (B, LATENT_CHANNELS, height // 8, width // 8), dev, pack)
     out = denoise(net, x, img_pos, txt, txt_pos, y, timesteps, guidance, cuda_graph, callback, sampler,
-                  step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint)
+                  step_noise(seeds, dev) if sampler in STOCHASTIC else None, inpaint=inpaint,
+                  unguided=model if net is not model else None, cfg_start=true_cfg_start)
     return unpack(out, height, width)
 
 

@@ -52,13 +52,14 @@ class FluxKontextFamily(FluxFamily):
         return target_velocity(v, x_t.shape[1])
 
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
-               scheduler="simple"):
+               scheduler="simple", true_cfg=1.0, true_cfg_start=0):
         """A preview: with cond's "control_latents" (a dataset caption's control image) as the reference, else
-        Flux's text-to-image; Euler or Heun (sampler)."""
+        Flux's text-to-image; Euler or Heun (sampler); true CFG as Flux's (with the same reference)."""
         control = cond.get("control_latents")
         if control is None:
             return super().sample(model, cond, height=height, width=width, steps=steps, guidance=guidance,
-                                  seed=seed, device=device, callback=callback, sampler=sampler, scheduler=scheduler)
+                                  seed=seed, device=device, callback=callback, sampler=sampler, scheduler=scheduler,
+                                  true_cfg=true_cfg, true_cfg_start=true_cfg_start)
         dtype = model.img_in.weight.dtype
         txt = flame.tensor(cond["prompt_embeds"][None], device=device).to(dtype)
         y = flame.tensor(cond["pooled_prompt_embeds"][None], device=device).to(dtype)
@@ -66,10 +67,12 @@ class FluxKontextFamily(FluxFamily):
         f = self.vae_scale_factor
         ref_ids = reference_ids(control.shape[1] * f, control.shape[2] * f, 1, device=device)
         x = pack(get_noise(1, height, width, seed=seed, device=device))
-        out = denoise_with_reference(model, x, image_ids(height, width, 1, device=device), ref, ref_ids, txt,
+        net = self.guided(model, cond, txt, true_cfg, device)
+        out = denoise_with_reference(net, x, image_ids(height, width, 1, device=device), ref, ref_ids, txt,
                                      text_ids(txt.shape[1], 1, device=device), y, steps, guidance,
                                      callback=callback, sampler=sampler, scheduler=scheduler,
-                                     step_noise=step_noise([seed], device) if sampler in STOCHASTIC else None)
+                                     step_noise=step_noise([seed], device) if sampler in STOCHASTIC else None,
+                                     unguided=model if net is not model else None, cfg_start=true_cfg_start)
         return unpack(out, height, width)
 
     def lora_metadata(self, cfg, model):

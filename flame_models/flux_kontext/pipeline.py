@@ -51,14 +51,16 @@ def _reference(cond, B, dev, dtype):
 
 
 def sample_latents(model, cond, *, height, width, steps, guidance, seeds=None, latents=None, rows=None,
-                   callback=None, cuda_graph=None, sampler="euler", scheduler="simple", neg=None, true_cfg=1.0):
+                   callback=None, cuda_graph=None, sampler="euler", scheduler="simple", neg=None, true_cfg=1.0,
+                   true_cfg_start=0):
     """Model-space latents (B, 16, H/8, W/8) float32 of the edit: Euler (or Heun / DPM++ 2M: sampler) on FLUX.1-dev's
     schedule (respaced by scheduler: samplers/flow_schedules.py) with the
     embedded guidance, the reference tokens of cond["ref_latents"] appended at every step. cond: prompt_embeds,
     pooled_prompt_embeds (one row per prompt; `rows` picks each image's), ref_latents, ref_height, ref_width.
     Noise: one seed per image, or `latents` (packed (B, L, 64) or (B, 16, H/8, W/8)). True CFG (diffusers'
     true_cfg_scale): with true_cfg > 1 and `neg` (the negative prompt's prompt_embeds / pooled_prompt_embeds) each
-    step also runs the negative prompt with the same image and reference tokens (bfl/true_cfg.py)."""
+    step also runs the negative prompt with the same image and reference tokens (bfl/true_cfg.py), from step
+    `true_cfg_start` (0-based) on."""
     check_flow_sampler(sampler)
     check_flow_scheduler(scheduler)
     dev = model.img_in.weight.device
@@ -68,11 +70,12 @@ def sample_latents(model, cond, *, height, width, steps, guidance, seeds=None, l
     rows = list(range(B)) if rows is None else list(rows)
     txt, y = prompt_rows(cond, rows, dev, dtype)
     ref, ref_ids = _reference(cond, B, dev, dtype)
-    model = with_true_cfg(model, neg, rows, txt, true_cfg, dev, dtype)   # (inside the reference wrapper)
-    out = denoise_with_reference(model, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
+    net = with_true_cfg(model, neg, rows, txt, true_cfg, dev, dtype)   # (inside the reference wrapper)
+    out = denoise_with_reference(net, x, image_ids(height, width, B, device=dev), ref, ref_ids, txt,
                                  text_ids(txt.shape[1], B, device=dev), y, steps, guidance,
                                  cuda_graph=cuda_graph, callback=callback, sampler=sampler, scheduler=scheduler,
-                                 step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None)
+                                 step_noise=step_noise(seeds, dev) if sampler in STOCHASTIC else None,
+                                 unguided=model if net is not model else None, cfg_start=true_cfg_start)
     return unpack(out, height, width)
 
 

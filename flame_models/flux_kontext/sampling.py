@@ -25,10 +25,15 @@ class WithReference(flame_nn.Module):
 
 
 def denoise_with_reference(model, img, img_ids, ref, ref_ids, txt, txt_ids, y, steps, guidance, *,
-                           cuda_graph=None, callback=None, sampler="euler", scheduler="simple", step_noise=None):
+                           cuda_graph=None, callback=None, sampler="euler", scheduler="simple", step_noise=None,
+                           unguided=None, cfg_start=0):
     """Euler (or Heun) steps from the packed noise `img` (B, L, 64) on FLUX.1-dev's shifted schedule for L target
-    tokens, each step seeing the reference tokens `ref` with ids `ref_ids`. Returns the packed latents (float32)."""
+    tokens, each step seeing the reference tokens `ref` with ids `ref_ids`. Returns the packed latents (float32).
+    unguided, cfg_start: with `model` a true-CFG wrapper, the steps before cfg_start run `unguided` (bfl/sampling's
+    denoise), with the same reference."""
     timesteps = respace(get_schedule(steps, img.shape[1], shift=True), scheduler)
-    net = WithReference(model, ref.to(img.device), ref_ids.to(img.device))
+    ref, ref_ids = ref.to(img.device), ref_ids.to(img.device)
+    net = WithReference(model, ref, ref_ids)
+    plain = None if unguided is None else WithReference(unguided, ref, ref_ids)
     return denoise(net, img, img_ids, txt, txt_ids, y, timesteps, guidance, cuda_graph, callback, sampler,
-                   step_noise)
+                   step_noise, unguided=plain, cfg_start=cfg_start)

@@ -246,8 +246,15 @@ class SampleConfig:
     scheduler: typing.Optional[str] = None  # flow families: the sigma spacing, simple (default: the family's own),
                                             # karras, exponential or beta (flame_models/samplers/flow_schedules.py);
                                             # sdxl: only None (its previews use the model's sigmas)
-    neg: typing.Any = None               # sd3 / sdxl: the previews' negative prompt (default: sd3 "", sdxl zeros, as
-                                         # diffusers); ai-toolkit's false or "" ask for none
+    neg: typing.Any = None               # sd3 / sdxl / chroma / qwen_image, and flux with true_cfg: the previews'
+                                         # negative prompt (default: sd3 "", sdxl zeros, as diffusers); ai-toolkit's
+                                         # false or "" ask for none
+    true_cfg: float = 1.0                # flux / flux_kontext: > 1 runs true classifier-free guidance against neg
+                                         # ("" by default): v_neg + true_cfg (v_pos - v_neg), two forwards a step
+                                         # (diffusers' true_cfg_scale, SimpleTuner's validation_guidance_real;
+                                         # a prompt's --l beside --g sets its own, as kohya's)
+    true_cfg_start: int = 0              # the first step (0-based) that runs it; the earlier ones run the prompt
+                                         # alone (SimpleTuner's validation_no_cfg_until_timestep)
     slg_scale: float = 0.0               # sd3: skip-layer guidance in previews (SD3.5 Medium's reference: 2.5)
     slg_layers: list = field(default_factory=lambda: [7, 8, 9])  # sd3: the joint blocks it skips
     prompts: list = field(default_factory=list)  # text prompts ([trigger] -> trigger_word); needs the text

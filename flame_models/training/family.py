@@ -138,7 +138,7 @@ DDPM_FIELDS = ("train.prediction_type", "train.zero_terminal_snr", "train.min_sn
                "train.max_timestep", "model.is_v_pred")
 FAMILY_FIELDS = FLOW_FIELDS + DDPM_FIELDS + (
     "train.guidance", "sample.neg", "sample.slg_scale", "sample.slg_layers", "model.clip_g_path", "model.t5_path",
-    "model.t5_max_length", "model.quantize_te", "model.use_t5")
+    "model.t5_max_length", "model.quantize_te", "model.use_t5", "sample.true_cfg", "sample.true_cfg_start")
 
 
 class ModelFileError(FlameError, ValueError):
@@ -166,6 +166,8 @@ class ModelFamily:
     control_images = False        # whether it trains on datasets' control_path images ("control_latents")
     takes_negative_prompt = False  # whether its previews run CFG against a negative prompt (negative_prompt; a
                                    # sample prompt's --n)
+    true_cfg = False  # whether a guidance-distilled family's previews may run true CFG against one instead
+                      # (sample.true_cfg, a prompt's --l beside --g: Flux)
     config_defaults = {}
     fields = ()
     field_notes = {}

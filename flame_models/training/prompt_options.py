@@ -12,11 +12,11 @@ flags that each run to the next one --
   --s N, --steps N         its sampling steps (default sample.sample_steps)
   --l X, --cfg X, --g X    its guidance (sample.guidance_scale's meaning: Flux's guidance embedding, the CFG scale of
                            SD3 / SDXL / Chroma / Qwen-Image; ai-toolkit's --l / --cfg). kohya writes Flux's
-                           embedded guidance as --g and a CFG scale as --l: both on one Flux prompt read --g, with
-                           --l 1 (no CFG: what FLAME's Flux previews run) -- another --l is an error; on a CFG
-                           family's prompt the two are one setting given twice (an error)
+                           embedded guidance as --g and a true-CFG scale as --l: both on one Flux prompt read --g
+                           as the embedded guidance and --l as its true-CFG scale (sample.true_cfg's meaning; 1:
+                           none); on a CFG family's prompt the two are one setting given twice (an error)
   --n TEXT                 its negative prompt (families whose previews run CFG with one: SD3, SDXL, Chroma,
-                           Qwen-Image; default sample.neg)
+                           Qwen-Image, and a Flux prompt that runs true CFG; default sample.neg)
   --ss NAME                its sampler (kohya's flag; one of the family's sample.sampler values)
   --m X, --network_multiplier X
                            the adapters' weight while it samples (ai-toolkit's flag; 1 is the LoRA as trained, 0 the
@@ -70,6 +70,14 @@ class PromptOptions:
     def size(self, height, width):
         """(height, width) of the preview: this prompt's, else the given defaults."""
         return (self.height or height, self.width or width)
+
+
+def true_cfg_of(options, sample):
+    """The true-CFG scale of a prompt's preview in a family that may run one (Flux): its --l beside --g (kohya's),
+    else sample.true_cfg. `options`: the prompt's PromptOptions or None."""
+    if options is not None and options.guidance is not None and options.cfg is not None:
+        return options.cfg
+    return sample.true_cfg
 
 
 def parse(prompt):
@@ -136,12 +144,18 @@ def problems(cfg, family, prefix=""):
         if o.guidance is not None and o.cfg is not None:
             if family.takes_negative_prompt:
                 e.append(f"{where}: --g and --l (--cfg) both set the {family.name} previews' CFG scale; give one")
-            elif o.cfg != 1:
+            elif not family.true_cfg and o.cfg != 1:
                 e.append(f"{where}: --l {o.cfg:g} beside --g: the {family.name} family's previews run no CFG (--g is "
                          f"its guidance); leave --l out or give --l 1")
+            elif not o.cfg >= 1:
+                e.append(f"{where}: --l {o.cfg:g} beside --g: the true-CFG scale, >= 1 (1: none)")
         if o.negative is not None and not family.takes_negative_prompt:
-            e.append(f"{where}: --n: the {family.name} family's previews take no negative prompt (they sample "
-                     f"with its guidance, no CFG)")
+            if not family.true_cfg:
+                e.append(f"{where}: --n: the {family.name} family's previews take no negative prompt (they sample "
+                         f"with its guidance, no CFG)")
+            elif not true_cfg_of(o, cfg.sample) > 1:
+                e.append(f"{where}: --n: this {family.name} preview runs no true CFG, so no negative prompt (--l > 1 "
+                         f"beside --g, or sample.true_cfg > 1, runs it)")
         if o.sampler is not None and o.sampler not in family.samplers:
             words = getattr(family, "sampler_words", None) or ", ".join(family.samplers) or "no named sampler"
             e.append(f"{where}: --ss {o.sampler}: {getattr(family, 'label', None) or family.name} previews use {words}")

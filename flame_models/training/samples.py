@@ -13,6 +13,7 @@ from flame_core import io
 from flame_nn import adapters as A
 
 from .preview import PROJECTION_TITLE, projection_images, save_image, save_image_grid, to_uint8
+from .prompt_options import true_cfg_of
 
 
 class PreviewPrompt(NamedTuple):
@@ -64,9 +65,12 @@ class Previews:
         def pick(name, default):
             v = None if o is None else getattr(o, name)
             return default if v is None else v
-        return dict(height=h, width=w, steps=pick("steps", sm.sample_steps),
+        args = dict(height=h, width=w, steps=pick("steps", sm.sample_steps),
                     guidance=pick("scale", sm.guidance_scale),
                     seed=pick("seed", sm.seed + (i if sm.walk_seed else 0)), **self.family.sample_options(cfg))
+        if self.family.true_cfg:   # (Flux: its --l beside --g, else sample.true_cfg; from sample.true_cfg_start)
+            args.update(true_cfg=true_cfg_of(o, sm), true_cfg_start=sm.true_cfg_start)
+        return args
 
     def run(self, model, step, progress_file=None):
         """Sample every prompt at `step` with the model as it is (the caller swaps EMA weights in); returns the

@@ -106,6 +106,7 @@ DEFAULTS = {"learning_rate": 4e-7, "lr_scheduler": "constant_with_warmup", "lr_w
             "validation_guidance_skip_scale": 2.8, "eval_timesteps": 28, "output_dir": "simpletuner-results",
             "tracker_project_name": "simpletuner", "tracker_run_name": "simpletuner-testing", "num_eval_images": 4,
             "validation_seed": None, "validation_guidance_rescale": 0.0, "validation_guidance_real": 1.0,
+            "validation_no_cfg_until_timestep": 2,
             "validation_guidance_skip_layers": None, "lora_init_type": "default", "peft_lora_target_modules": None,
             "init_lora": None, "lycoris_config": "config/lycoris_config.json", "assistant_lora_path": None,
             "disable_assistant_lora": False, "huber_c": 0.1, "huber_schedule": "snr", "noise_offset": 0.1,
@@ -597,10 +598,17 @@ class _Reader:
         smp["sample_every"] = self.number("validation_step_interval", integer=True, low=1)
         smp["sample_steps"] = self.number("validation_num_inference_steps", integer=True, low=1)
         smp["guidance_scale"] = self.number("validation_guidance", low=0)
-        if family in ("sd3", "sdxl", "chroma", "qwen_image"):
+        real = self._real_cfg(family)
+        if family in ("sd3", "sdxl", "chroma", "qwen_image") or real > 1:
             smp["neg"] = str(self.get("validation_negative_prompt"))
         elif self.given("validation_negative_prompt"):
-            self.note("validation_negative_prompt", "Flux's previews take no negative prompt: not used")
+            self.note("validation_negative_prompt", "Flux's previews take no negative prompt without real CFG "
+                                                    "(validation_guidance_real > 1): not used")
+        if real > 1:   # (Flux's: true CFG against the negative prompt, from SimpleTuner's step on)
+            smp["true_cfg"] = real
+            smp["true_cfg_start"] = self.number("validation_no_cfg_until_timestep", integer=True, low=0)
+        elif self.given("validation_no_cfg_until_timestep"):
+            self.note("validation_no_cfg_until_timestep", "no real CFG (validation_guidance_real 1): not used")
         if self.given("validation_seed"):
             smp["seed"] = self.number("validation_seed", integer=True, low=0)
         size = str(self.get("validation_resolution"))
@@ -620,12 +628,21 @@ class _Reader:
             else:
                 smp["slg_layers"] = layers
                 smp["slg_scale"] = self.number("validation_guidance_skip_scale", low=0)
-        real = self.get("validation_guidance_real")
-        if real is not None and _num(real) not in (1, 1.0):
-            self.err("validation_guidance_real", "FLAME's Flux previews use the guidance embedding only (1.0)")
         rescale = self.get("validation_guidance_rescale")
         if rescale is not None and _num(rescale) not in (0, 0.0):
             self.err("validation_guidance_rescale", "FLAME's previews do not rescale the guidance (0.0)")
+
+    def _real_cfg(self, family):
+        """validation_guidance_real: SimpleTuner's real CFG of a guidance-distilled Flux's previews (FLAME's
+        sample.true_cfg); 1 for none. Other families run CFG with validation_guidance: > 1 there is an error."""
+        real = self.number("validation_guidance_real", low=1)
+        if real is None or real <= 1:
+            return 1.0
+        if family not in ("flux", "flux_kontext"):
+            self.err("validation_guidance_real", f"real CFG is for Flux's guidance-distilled previews; the {family} "
+                                                 f"previews run CFG with validation_guidance")
+            return 1.0
+        return float(real)
 
     def _evaluation(self, held_out):
         """The eval backend's folder as FLAME's validation loss: every eval_steps_interval steps, at eval_timesteps

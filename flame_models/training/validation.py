@@ -271,6 +271,9 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}sample.neg: a negative prompt (a string; false or \"\" for none), got {sm.neg!r}")
     if sm.slg_scale < 0:
         e.append(f"{p}sample.slg_scale: must be >= 0 (0: no skip-layer guidance), got {sm.slg_scale}")
+    if not sm.true_cfg >= 1:
+        e.append(f"{p}sample.true_cfg: the true-CFG scale, >= 1 (1: none), got {sm.true_cfg}")
+    _at_least(e, f"{p}sample.true_cfg_start", sm.true_cfg_start, 0)
     if not (sm.slg_layers and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                   for i in sm.slg_layers)):
         e.append(f"{p}sample.slg_layers: a non-empty list of joint block indices (>= 0), got {sm.slg_layers!r}")

@@ -86,3 +86,13 @@ def test_generate_kontext_true_cfg(tmp_path, capsys):
     assert main(["--model", str(folder), "--prompt", "x", "--image", str(image), "--negative-prompt", "y",
                  "--output", str(tmp_path / "o"), "--no-progress", "--device", "cpu"]) == 2
     assert "--negative-prompt: Flux reads it under true classifier-free guidance" in capsys.readouterr().err
+
+
+def test_kontext_true_cfg_from_a_later_step(parts):
+    # the steps before true_cfg_start run the prompt alone (with the same reference); 0 is true CFG at every step
+    scale = META["scales"][-1]
+    everywhere, plain = _run(parts, true_cfg=scale), _run(parts)
+    np.testing.assert_array_equal(_run(parts, true_cfg=scale, true_cfg_start=0), everywhere)
+    np.testing.assert_array_equal(_run(parts, true_cfg=scale, true_cfg_start=META["steps"]), plain)
+    later = _run(parts, true_cfg=scale, true_cfg_start=1)
+    assert np.abs(later - everywhere).max() > 1e-4 and np.abs(later - plain).max() > 1e-4

@@ -67,3 +67,48 @@ def test_generate_true_cfg(tmp_path, capsys):
                           (["--cfg", "3"], "true classifier-free guidance: --true-cfg")):
         assert main(base + extra) == 2, extra
         assert needle in capsys.readouterr().err, needle
+
+
+def _by_hand(model, cond, neg, latents, scale, start, steps):
+    """The plain model over the first `start` Euler steps, then true CFG over the rest: two denoise calls."""
+    from flame_models.bfl.sampling import denoise, get_schedule, image_ids, text_ids, unpack
+    from flame_models.bfl.true_cfg import with_true_cfg
+    from flame_models.conditioning import prompt_rows
+    dtype = model.img_in.weight.dtype
+    x = flame.tensor(latents).to(flame.float32)
+    txt, y = prompt_rows(cond, [0], "cpu", dtype)
+    img_pos, txt_pos = image_ids(META["height"], META["width"], 1), text_ids(txt.shape[1], 1)
+    ts = get_schedule(steps, x.shape[1], shift=True)
+    x = denoise(model, x, img_pos, txt, txt_pos, y, ts[:start + 1], META["guidance"], cuda_graph=False)
+    net = with_true_cfg(model, neg, [0], txt, scale, "cpu", dtype)
+    x = denoise(net, x, img_pos, txt, txt_pos, y, ts[start:], META["guidance"], cuda_graph=False)
+    return unpack(x, META["height"], META["width"]).numpy()
+
+
+@pytest.mark.parametrize("start", [1, 3])
+def test_true_cfg_from_a_later_step_runs_the_prompt_alone_before_it(parts, start):
+    # SimpleTuner's validation_no_cfg_until_timestep: the steps before true_cfg_start run the prompt alone
+    model, cond, neg, latents = parts
+    kw = dict(height=META["height"], width=META["width"], steps=4, guidance=META["guidance"], latents=latents,
+              neg=neg)
+    z = sample_latents(model, cond, true_cfg=4.0, true_cfg_start=start, **kw).numpy()
+    np.testing.assert_allclose(z, _by_hand(model, cond, neg, latents, 4.0, start, 4), rtol=0, atol=1e-6)
+    everywhere = sample_latents(model, cond, true_cfg=4.0, **kw).numpy()
+    plain = sample_latents(model, cond, **kw).numpy()
+    assert np.abs(z - everywhere).max() > 1e-3 and np.abs(z - plain).max() > 1e-3
+    np.testing.assert_array_equal(sample_latents(model, cond, true_cfg=4.0, true_cfg_start=0, **kw).numpy(),
+                                  everywhere)
+    np.testing.assert_array_equal(sample_latents(model, cond, true_cfg=4.0, true_cfg_start=4, **kw).numpy(), plain)
+
+
+def test_a_multistep_sampler_keeps_its_history_across_the_switch(parts):
+    model, cond, neg, latents = parts
+    kw = dict(height=META["height"], width=META["width"], steps=4, guidance=META["guidance"], latents=latents,
+              neg=neg, sampler="dpmpp_2m")
+    plain = sample_latents(model, cond, **kw).numpy()
+    everywhere = sample_latents(model, cond, true_cfg=3.0, **kw).numpy()
+    later = sample_latents(model, cond, true_cfg=3.0, true_cfg_start=2, **kw).numpy()
+    np.testing.assert_array_equal(sample_latents(model, cond, true_cfg=3.0, true_cfg_start=9, **kw).numpy(), plain)
+    assert np.abs(later - plain).max() > 1e-3 and np.abs(later - everywhere).max() > 1e-3
+    with pytest.raises(ValueError, match="cfg_start is the first step"):
+        sample_latents(model, cond, true_cfg=3.0, true_cfg_start=-1, **kw)

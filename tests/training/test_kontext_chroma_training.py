@@ -440,3 +440,23 @@ def test_chroma_sampling_cuts_the_text_no_attention_sees(chroma_folder, monkeypa
     for c, want in cut.items():
         full = CP.sample_latents(model, cond, neg, cfg=c, **kw).numpy()
         assert np.abs(full - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_kontext_previews_run_true_cfg_with_the_reference(tmp_path, pairs):
+    """sample.true_cfg on a Kontext edit preview: the negative prompt's pass sees the same reference tokens; the
+    steps before sample.true_cfg_start run the prompt alone."""
+    images, ctl, names = pairs
+    ref = os.path.join(ctl, names[1].replace(".png", ".jpg"))
+    cfg = _kontext_config(tmp_path, images, ctl, sample={
+        "sample_every": 2, "sample_steps": 3, "width": 64, "height": 64, "true_cfg": 3.0, "true_cfg_start": 1,
+        "neg": "blurry", "prompts": [f"make it red --ctrl_img {ref}"]})
+    tr = Trainer(cfg, verbose=False).setup()
+    cond, args = tr.previews.prompts[0].cond, tr.previews._settings(0)
+    assert (args["true_cfg"], args["true_cfg_start"]) == (3.0, 1) and "control_latents" in cond
+    tr.model.eval()
+
+    def run(**kw):
+        return tr.family.sample(tr.model, cond, device=tr.device, **{**args, **kw})[0].float().cpu().numpy()
+    plain, later, everywhere = run(true_cfg=1.0), run(), run(true_cfg_start=0)
+    np.testing.assert_array_equal(run(true_cfg_start=3), plain)
+    assert np.abs(later - plain).max() > 0 and np.abs(later - everywhere).max() > 0

@@ -64,11 +64,12 @@ def _flux(tmp_path, images, name="p", **sample):
 
 
 @pytest.mark.parametrize("prompts, words", [
-    (["a --n blurry"], r"sample.prompts\[0\]: --n: the flux family's previews take no negative prompt"),
+    (["a --n blurry"], r"sample.prompts\[0\]: --n: this flux preview runs no true CFG, so no negative prompt"),
+    (["a --g 3.5 --l 1 --n blurry"], r"sample.prompts\[0\]: --n: this flux preview runs no true CFG"),
     (["a", "b --w 40"], r"sample.prompts\[1\]: --w 40: the flux family's previews take multiples of 16 px"),
     (["a --ss dpm_2"], r"sample.prompts\[0\]: --ss dpm_2: Flux previews use"),
     (["a --frames 3"], r"sample.prompts\[0\]: --frames: not a sample-prompt option here"),
-    (["a --g 3.5 --l 4"], r"sample.prompts\[0\]: --l 4 beside --g: the flux family's previews run no CFG"),
+    (["a --g 3.5 --l 0.5"], r"sample.prompts\[0\]: --l 0.5 beside --g: the true-CFG scale, >= 1"),
     (["a --ctrl_img x.png"], r"sample.prompts\[0\]: --ctrl_img: the flux family takes no control image"),
 ])
 def test_config_errors_name_the_prompt(tmp_path, images, prompts, words):
@@ -195,3 +196,52 @@ def test_sample_network_multiplier_weighs_the_previews_without_their_own_m(tmp_p
         config_from_dict({"name": "f", "training_folder": str(tmp_path), "network": {"type": "full"},
                           "synthetic": {"num_samples": 2}, "model": {"size": "flux-tiny"},
                           "sample": {"network_multiplier": 0.5}})
+
+
+def test_flux_previews_run_true_cfg_against_their_negative_prompts(tmp_path, images):
+    """sample.true_cfg / true_cfg_start / neg (SimpleTuner's validation_guidance_real / no_cfg_until_timestep /
+    negative prompt), and kohya's --l beside --g with --n on one prompt; a prompt with --l 1 runs none."""
+    prompts = ["a --g 3.5 --l 4 --n blurry", "b", "c --g 3.5 --l 1"]
+    cfg = _flux(tmp_path, images, prompts=prompts, true_cfg=2.0, true_cfg_start=1, neg="ugly")
+    tr = Trainer(cfg, verbose=False).setup()
+    settings = [tr.previews._settings(i) for i in range(3)]
+    assert [(a["guidance"], a["true_cfg"], a["true_cfg_start"]) for a in settings] == [
+        (3.5, 4.0, 1), (4.0, 2.0, 1), (3.5, 1.0, 1)]
+    conds = [p.cond for p in tr.previews.prompts]
+    negs = [c["negative_prompt_embeds"] for c in conds]
+    assert not np.array_equal(negs[0], negs[1]) and np.array_equal(negs[1], negs[2])   # --n blurry; sample.neg
+    tr.sample()
+    lat = io.load_file(os.path.join(tr.out, "samples", "step_000000.safetensors"))["latents"].numpy()
+    fam = tr.family
+    tr.model.eval()
+    for i, kw in enumerate(settings):
+        z = fam.sample(tr.model, conds[i], device=tr.device, **kw)[0].float().cpu().numpy()
+        np.testing.assert_array_equal(lat[i], z, err_msg=str(i))
+        plain = fam.sample(tr.model, conds[i], device=tr.device, **{**kw, "true_cfg": 1.0})[0].float().cpu().numpy()
+        assert (np.abs(z - plain).max() > 0) == (kw["true_cfg"] > 1), i
+    # without true CFG no negative prompt is encoded
+    off = Trainer(_flux(tmp_path, images, name="off", prompts=["a", "b --l 3"]), verbose=False).setup()
+    assert all("negative_prompt_embeds" not in p.cond for p in off.previews.prompts)
+    with pytest.raises(ValueError, match="needs the negative prompt's conditioning"):
+        fam.sample(tr.model, off.previews.prompts[0].cond, device=tr.device, **settings[1])
+
+
+@pytest.mark.parametrize("sample, words", [
+    ({"prompts": ["a"], "neg": "ugly"}, r"sample.neg: Flux-dev is guidance-distilled: its previews take a negative "
+                                        r"prompt only with true CFG"),
+    ({"true_cfg": 2.0}, r"sample.true_cfg: true CFG runs the previews of sample.prompts"),
+    ({"prompts": ["a"], "true_cfg": 0.5}, r"sample.true_cfg: the true-CFG scale, >= 1"),
+    ({"prompts": ["a"], "true_cfg_start": 2}, r"sample.true_cfg_start: no preview runs true CFG"),
+    ({"prompts": ["a"], "true_cfg": 2.0, "true_cfg_start": -1}, r"sample.true_cfg_start"),
+])
+def test_true_cfg_settings_are_checked(tmp_path, images, sample, words):
+    with pytest.raises(ConfigError, match=words):
+        _flux(tmp_path, images, **sample)
+
+
+def test_true_cfg_is_fluxs(tmp_path, images):
+    with pytest.raises(ConfigError, match=r"sample.true_cfg: not available: the sd3 family does not use it"):
+        image_config(tmp_path, "sd3t", SD3_MODEL, images, steps=2, model={"arch": "sd3"},
+                     sample={"sample_every": 2, "prompts": ["a"], "true_cfg": 3.0, "width": 64, "height": 64})
+    cfg = _flux(tmp_path, images, name="ai", prompts=["a"], neg="")   # ai-toolkit's Flux configs write neg: ""
+    assert Trainer(cfg, verbose=False).setup().previews.prompts[0].cond.get("negative_prompt_embeds") is None

@@ -175,6 +175,10 @@ def test_lycoris_schnell_and_the_cli(tmp_path):
     ({"lora_rank": "16.5"}, "lora_rank: an integer >= 1, got '16.5'"),
     ({"max_train_steps": "many"}, "max_train_steps: an integer >= 0, got 'many'"),
     ({"model_type": None}, "model_type: lora or full"),
+    ({"validation_guidance_real": 0.5}, "validation_guidance_real: a number >= 1, got 0.5"),
+    ({"validation_guidance_real": 3, "model_family": "sdxl"}, "validation_guidance_real: real CFG is for Flux's"),
+    ({"validation_guidance_real": 3, "validation_no_cfg_until_timestep": -1},
+     "validation_no_cfg_until_timestep: an integer >= 0, got -1"),
 ])
 def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
     cfg = dict(CONFIG)
@@ -186,6 +190,21 @@ def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
     with pytest.raises(ConfigError) as e:
         read_simpletuner_config(_write(tmp_path, cfg))
     assert words in str(e.value) and "config.json" in str(e.value)
+
+
+def test_real_cfg_is_the_flux_previews_true_cfg(tmp_path):
+    """validation_guidance_real > 1: true CFG against validation_negative_prompt from step
+    validation_no_cfg_until_timestep (SimpleTuner's default 2) on; 1 (the default) runs none."""
+    proc, _ = read_simpletuner_config(_write(tmp_path, dict(CONFIG, validation_guidance_real=4)))
+    smp = proc["sample"]
+    assert (smp["true_cfg"], smp["true_cfg_start"], smp["neg"], smp["guidance_scale"]) == (4.0, 2, "ugly, cropped",
+                                                                                          4.0)
+    proc, _ = read_simpletuner_config(_write(tmp_path, dict(CONFIG, validation_guidance_real="1.5",
+                                                            validation_no_cfg_until_timestep=0)))
+    assert (proc["sample"]["true_cfg"], proc["sample"]["true_cfg_start"]) == (1.5, 0)
+    proc, notes = read_simpletuner_config(_write(tmp_path, dict(CONFIG, validation_no_cfg_until_timestep=3)))
+    assert not {"true_cfg", "true_cfg_start", "neg"} & set(proc["sample"])
+    assert any("validation_no_cfg_until_timestep: no real CFG" in n for n in notes)
 
 
 @pytest.mark.parametrize("backend, words", [
