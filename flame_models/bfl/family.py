@@ -147,8 +147,8 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
         sm = cfg.sample
         guided = any(prompt_options.true_cfg_of(o, sm) > 1 for o in _prompt_options(cfg))
         if isinstance(sm.neg, str) and sm.neg and not guided:
-            e.append(f"{prefix}sample.neg: Flux-dev is guidance-distilled: its previews take a negative prompt only "
-                     f"with true CFG (sample.true_cfg > 1, or a prompt's --l beside --g)")
+            e.append(f"{prefix}sample.neg: not available: Flux-dev is guidance-distilled; its previews take a "
+                     f"negative prompt only with true CFG (sample.true_cfg > 1, or a prompt's --l beside --g)")
         if guided and not sm.prompts:
             e.append(f"{prefix}sample.true_cfg: true CFG runs the previews of sample.prompts (the negative prompt is "
                      f"encoded with them); this run has none")

@@ -227,8 +227,8 @@ def test_flux_previews_run_true_cfg_against_their_negative_prompts(tmp_path, ima
 
 
 @pytest.mark.parametrize("sample, words", [
-    ({"prompts": ["a"], "neg": "ugly"}, r"sample.neg: Flux-dev is guidance-distilled: its previews take a negative "
-                                        r"prompt only with true CFG"),
+    ({"prompts": ["a"], "neg": "ugly"}, r"sample.neg: not available: Flux-dev is guidance-distilled; its previews "
+                                        r"take a negative prompt only with true CFG"),
     ({"true_cfg": 2.0}, r"sample.true_cfg: true CFG runs the previews of sample.prompts"),
     ({"prompts": ["a"], "true_cfg": 0.5}, r"sample.true_cfg: the true-CFG scale, >= 1"),
     ({"prompts": ["a"], "true_cfg_start": 2}, r"sample.true_cfg_start: no preview runs true CFG"),
