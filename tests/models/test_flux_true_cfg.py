@@ -75,9 +75,10 @@ def _by_hand(model, cond, neg, latents, scale, start, steps):
     from flame_models.bfl.true_cfg import with_true_cfg
     from flame_models.conditioning import prompt_rows
     dtype = model.img_in.weight.dtype
-    x = flame.tensor(latents).to(flame.float32)
+    x = flame.tensor(latents, device="cpu").to(flame.float32)   # (the model is on the cpu, whatever FLAME_DEVICE)
     txt, y = prompt_rows(cond, [0], "cpu", dtype)
-    img_pos, txt_pos = image_ids(META["height"], META["width"], 1), text_ids(txt.shape[1], 1)
+    img_pos = image_ids(META["height"], META["width"], 1, device="cpu")
+    txt_pos = text_ids(txt.shape[1], 1, device="cpu")
     ts = get_schedule(steps, x.shape[1], shift=True)
     x = denoise(model, x, img_pos, txt, txt_pos, y, ts[:start + 1], META["guidance"], cuda_graph=False)
     net = with_true_cfg(model, neg, [0], txt, scale, "cpu", dtype)
