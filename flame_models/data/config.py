@@ -7,6 +7,7 @@ import os
 import typing
 from dataclasses import dataclass
 
+from .buckets import MODES
 from .walk import walk_files
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
@@ -49,6 +50,9 @@ class DatasetConfig:
     bucket_tolerance: int = 64           # ai-toolkit's name: bucket sides are multiples of this many pixels
     max_aspect: float = 4.0              # FLAME: the buckets' widest aspect ratio, both ways; 1: square buckets
                                          # only (kohya's enable_bucket = false, SimpleTuner's crop_aspect square)
+    resolution_mode: str = "area"        # FLAME: "area" buckets hold about resolution² pixels; "short_side" keep
+                                         # the shorter side at resolution (SimpleTuner's resolution_type pixel:
+                                         # a 2:1 image trains at 2·resolution² pixels; data/buckets.py)
     min_bucket_reso: int = None          # kohya's: no bucket side below this many pixels (None: no bound)
     max_bucket_reso: int = None          # kohya's: no bucket side above this many pixels
     random_crop: bool = False            # crop position drawn once per (image, repeat, resolution); else centred
@@ -78,7 +82,7 @@ LATER_FIELDS = {"control_path": None, "mask_path": None, "alpha_mask": False, "i
                 "caption_prefix": None, "caption_suffix": None, "keep_tokens_separator": None,
                 "caption_tag_dropout_rate": 0.0, "secondary_separator": None, "caption_dropout_every_n_epochs": 0,
                 "enable_wildcard": False, "caption_lines": "all", "caption_from": "file", "max_aspect": 4.0,
-                "prior_reg": False}
+                "prior_reg": False, "resolution_mode": "area"}
 CAPTION_LINES = ("all", "first", "random")
 CAPTION_FROM = ("file", "filename", "default_caption")
 MAX_ASPECT_BOUND = 8.0   # (a wider bucket is a strip of a few pixels)
@@ -149,6 +153,8 @@ def validate_dataset_config(cfg, path_prefix="datasets[0]", check_files=True):
     if not _is_number(cfg.max_aspect) or not 1 <= cfg.max_aspect <= MAX_ASPECT_BOUND:
         e.append(f"{p}.max_aspect: a number in [1, {MAX_ASPECT_BOUND:g}] (1: square buckets only), got "
                  f"{cfg.max_aspect!r}")
+    if cfg.resolution_mode not in MODES:
+        e.append(f"{p}.resolution_mode: one of {', '.join(MODES)}, got {cfg.resolution_mode!r}")
     if cfg.caption_lines not in CAPTION_LINES:
         e.append(f"{p}.caption_lines: one of {', '.join(CAPTION_LINES)}, got {cfg.caption_lines!r}")
     if not _is_int(cfg.keep_tokens) or cfg.keep_tokens < 0:

@@ -237,9 +237,10 @@ class ImageDataset:
             c = self.configs[ci]
             fitting = []
             for r in resolutions(c):
-                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso, c.max_aspect)
+                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso, c.max_aspect, c.resolution_mode)
                 bs = sets.setdefault(key, make_buckets(r, c.bucket_tolerance, max_aspect=c.max_aspect,
-                                                       min_side=c.min_bucket_reso, max_side=c.max_bucket_reso))
+                                                       min_side=c.min_bucket_reso, max_side=c.max_bucket_reso,
+                                                       mode=c.resolution_mode))
                 b = closest_bucket(rec.width, rec.height, bs)
                 fits = c.allow_upscale or place(rec.width, rec.height, b).scale <= 1.0 + 1e-9
                 if fits:
@@ -249,7 +250,7 @@ class ImageDataset:
             if not fitting:
                 r = resolutions(c)[0]
                 b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance, c.min_bucket_reso,
-                                                                c.max_bucket_reso, c.max_aspect)])
+                                                                c.max_bucket_reso, c.max_aspect, c.resolution_mode)])
                 too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
                                  f"resolution {r} (images are never upscaled unless allow_upscale: true, or "
                                  f"--allow-upscale; or use a smaller resolution)")

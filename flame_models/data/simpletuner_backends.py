@@ -16,7 +16,8 @@ An image backend (`dataset_type` image, the default; `type: local`) -> one FLAME
         (caption_from default_caption); prepend_instance_prompt -> caption_prefix instance_prompt
     repeats N -> num_repeats N + 1 (SimpleTuner's 0 means each image once per epoch)
     resolution with resolution_type pixel_area -> resolution (buckets of about resolution² pixels); area (megapixels)
-        -> the side whose square holds them, to the nearest 64 px (said in a note when it is not exact)
+        -> the side whose square holds them, to the nearest 64 px (said in a note when it is not exact); pixel ->
+        resolution with resolution_mode short_side (the shorter side at resolution, the longer one a multiple of 64)
     crop true -> crop_aspect square: square crops (max_aspect 1), preserve: aspect buckets; crop_style random ->
         random_crop, center / centre -> centred crops
     minimum_image_size 0 / unset -> allow_upscale (SimpleTuner upscales a small image into its bucket); equal to the
@@ -33,7 +34,7 @@ every caption once itself), cache_dir_vae, metadata_backend discovery / json, sk
 preserve_data_backend_cache, hash_filenames, disabled backends (skipped), maximum_image_size /
 target_downsample_size without crops or equal to the resolution (FLAME resizes each image to its bucket in one step).
 Every other key or value -- other backend types (aws, csv, huggingface, ...), caption strategies parquet / csv,
-resolution_type pixel (the shorter edge), a probability other than 1, several eval datasets, video datasets,
+a probability other than 1, several eval datasets, video datasets,
 random crops re-drawn each epoch (vae_cache_clear_each_epoch), ... -- is an error naming the file, the backend and
 the key: a setting FLAME would not apply is never dropped silently.
 """
@@ -186,6 +187,8 @@ def _image_backend(where, b, folder, defaults, conditioning, notes, errors):
     r = _resolution(where, b, defaults, notes, errors)
     if r is not None:
         d["resolution"] = r
+        if _get(b, defaults, "resolution_type") == "pixel":
+            d["resolution_mode"] = "short_side"
     _crop(where, b, d, r, defaults, notes, errors)
     if "conditioning_data" in b:
         ref = b["conditioning_data"]
@@ -231,7 +234,7 @@ def _resolution(where, b, defaults, notes, errors):
     if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
         errors.append(f"{where}: resolution: a positive number, got {r!r}")
         return None
-    if kind == "pixel_area":
+    if kind in ("pixel_area", "pixel"):   # (pixel: the shorter edge, resolution_mode short_side)
         if r != int(r) or int(r) % 64:
             errors.append(f"{where}: resolution {r}: FLAME's buckets are multiples of 64 px; give a multiple of 64")
             return None
@@ -243,8 +246,8 @@ def _resolution(where, b, defaults, notes, errors):
             notes.append(f"{where}: resolution {r} megapixels: buckets of {out}² pixels ({out * out / 1e6:.3f} MP; "
                          f"FLAME's sides are multiples of 64)")
         return out
-    errors.append(f"{where}: resolution_type {kind!r}: FLAME's buckets hold about resolution² pixels "
-                  f"(resolution_type pixel_area, or area in megapixels); pixel (the shorter edge) is not read")
+    errors.append(f"{where}: resolution_type {kind!r}: FLAME reads pixel_area, area (megapixels) and pixel (the "
+                  f"shorter edge)")
     return None
 
 
@@ -269,7 +272,7 @@ def _crop(where, b, d, r, defaults, notes, errors):
             errors.append(f"{where}: crop_style {style!r}: FLAME crops at random or centred (random, center)")
     elif b.get("vae_cache_clear_each_epoch"):
         notes.append(f"{where}: vae_cache_clear_each_epoch: the same latents come back without random crops")
-    px = None if r is None else (r if _get(b, defaults, "resolution_type") in (None, "pixel_area") else None)
+    px = None if r is None else (r if _get(b, defaults, "resolution_type") in (None, "pixel_area", "pixel") else None)
     for k in ("maximum_image_size", "target_downsample_size"):
         v = _get(b, defaults, k)
         if v is None:

@@ -335,6 +335,11 @@ def validate(cfg, prefix="", check_files=True):
             parse_budget(cfg.max_gpu_memory, f"{p}max_gpu_memory")
         except ValueError as err:
             e.append(str(err))
+        for i, d in enumerate(cfg.datasets):
+            if getattr(d, "resolution_mode", "area") == "short_side" and d.max_aspect > 1:
+                e.append(f"{p}datasets[{i}].resolution_mode: short_side buckets hold up to max_aspect x "
+                         f"resolution² pixels, more than the step that max_gpu_memory's auto-fit measures; use "
+                         f"resolution_mode area (or max_aspect 1) under a budget")
         for k in ("lora_path", "assistant_lora_path"):
             if getattr(cfg.model, k) and cfg.model.name_or_path is None:
                 e.append(f"{p}model.{k}: merged into the weights as they are read; a random model's streamed blocks "

@@ -1,5 +1,6 @@
-"""caption_from (the caption file, the image's name, or default_caption for every image) and max_aspect (the
-buckets' widest aspect; 1: square crops only) of a dataset."""
+"""caption_from (the caption file, the image's name, or default_caption for every image), max_aspect (the
+buckets' widest aspect; 1: square crops only) and resolution_mode (buckets of about resolution² pixels, or with the
+shorter side at the resolution) of a dataset."""
 import pytest
 from make_images import write_caption, write_image
 
@@ -49,12 +50,34 @@ def test_max_aspect_bounds_the_buckets(tmp_path):
                      progress=False)
 
 
+def test_short_side_buckets_keep_the_shorter_side_at_the_resolution(tmp_path):
+    # SimpleTuner's resolution_type pixel: 600x400 and 400x600 train at 384x256 / 256x384 (the longer side the
+    # aspect's, to the bucket step), where area buckets of 256 hold them at 320x192 / 192x320
+    root = _folder(tmp_path)
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=256, caption_from="filename",
+                                     resolution_mode="short_side")], progress=False)
+    assert {(s.bucket.width, s.bucket.height) for s in ds.samples} == {(384, 256), (256, 384)}
+    assert {s.placement.resized for s in ds.samples} == {(384, 256), (256, 384)}   # 1.5:1 exactly: no crop
+    got = make_buckets(256, 64, max_aspect=2.0, mode="short_side")
+    assert got == sorted(got, key=lambda b: (b.aspect, b.width))
+    assert {tuple(b) for b in got} == {(256, 256), (320, 256), (384, 256), (448, 256), (512, 256),
+                                       (256, 320), (256, 384), (256, 448), (256, 512)}
+    assert [tuple(b) for b in make_buckets(256, 64, max_aspect=2.0, mode="short_side", max_side=384)] == [
+        (256, 384), (256, 320), (256, 256), (320, 256), (384, 256)]
+    ds = ImageDataset([DatasetConfig(folder_path=root, resolution=256, caption_from="filename", max_aspect=1,
+                                     resolution_mode="short_side")], progress=False)
+    assert {(s.bucket.width, s.bucket.height) for s in ds.samples} == {(256, 256)}   # square crops as in area
+    with pytest.raises(ValueError, match="bucket mode 'edge'"):
+        make_buckets(256, mode="edge")
+
+
 @pytest.mark.parametrize("fields, words", [
     ({"caption_from": "files"}, r"caption_from: one of file, filename, default_caption, got 'files'"),
     ({"caption_from": "default_caption"}, r"caption_from: default_caption gives every image default_caption, "
                                           r"which is not set"),
     ({"max_aspect": 0.5}, r"max_aspect: a number in \[1, 8\] \(1: square buckets only\), got 0.5"),
     ({"max_aspect": "wide"}, r"max_aspect: a number in \[1, 8\]"),
+    ({"resolution_mode": "pixel"}, r"resolution_mode: one of area, short_side, got 'pixel'"),
 ])
 def test_bad_values_are_named(tmp_path, fields, words):
     import re

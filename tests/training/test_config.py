@@ -429,3 +429,20 @@ def test_low_vram_is_a_memory_hint_said_not_used(files):
     assert cfg.warnings == ["model.low_vram: not used: FLAME places a run's memory by max_gpu_memory (give it to "
                             "bound the GPU's)"]
     assert config_from_dict({"datasets": [{"folder_path": data}], "model": {"low_vram": False}}).warnings == []
+
+
+def test_short_side_buckets_train_and_are_refused_under_a_budget(tmp_path):
+    """datasets' resolution_mode short_side (SimpleTuner's resolution_type pixel) trains; under max_gpu_memory it is
+    refused: its buckets vary in area, and auto-fit measures one step."""
+    from .conftest import image_config
+    images = draw_images(tmp_path / "img")
+    ds = {"folder_path": images, "resolution": 64, "bucket_tolerance": 32, "resolution_mode": "short_side"}
+    with pytest.raises(ConfigError, match=r"datasets\[0\].resolution_mode: short_side buckets hold up to max_aspect"):
+        image_config(tmp_path, "budget", None, images, datasets=[ds], max_gpu_memory="4GiB",
+                     model={"name_or_path": None})
+    image_config(tmp_path, "square", None, images, datasets=[dict(ds, max_aspect=1)], max_gpu_memory="4GiB",
+                 model={"name_or_path": None})   # (square buckets: one area)
+    from flame_models.training.trainer import Trainer
+    result = Trainer(image_config(tmp_path, "edge", None, images, steps=2, datasets=[ds],
+                                  model={"name_or_path": None}), verbose=False).train()
+    assert len(result["losses"]) == 2 and all(np.isfinite(result["losses"]))

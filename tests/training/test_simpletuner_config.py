@@ -192,6 +192,15 @@ def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
     assert words in str(e.value) and "config.json" in str(e.value)
 
 
+def test_resolution_type_pixel_keeps_the_shorter_side(tmp_path):
+    b = dict(BACKENDS[0], resolution_type="pixel", resolution=768, minimum_image_size=768)
+    proc, _ = read_simpletuner_config(_write(tmp_path, backends=[b, BACKENDS[1]]))
+    d = proc["datasets"][0]
+    assert (d["resolution"], d["resolution_mode"]) == (768, "short_side")
+    proc, _ = read_simpletuner_config(_write(tmp_path))
+    assert "resolution_mode" not in proc["datasets"][0]              # pixel_area: FLAME's area buckets
+
+
 def test_real_cfg_is_the_flux_previews_true_cfg(tmp_path):
     """validation_guidance_real > 1: true CFG against validation_negative_prompt from step
     validation_no_cfg_until_timestep (SimpleTuner's default 2) on; 1 (the default) runs none."""
@@ -210,7 +219,8 @@ def test_real_cfg_is_the_flux_previews_true_cfg(tmp_path):
 @pytest.mark.parametrize("backend, words", [
     ({"type": "aws"}, "type 'aws': FLAME reads local folders"),
     ({"probability": 0.5}, "probability 0.5: FLAME draws every image"),
-    ({"resolution_type": "pixel"}, "resolution_type 'pixel'"),
+    ({"resolution_type": "edge"}, "resolution_type 'edge': FLAME reads pixel_area, area (megapixels) and pixel"),
+    ({"resolution_type": "pixel", "resolution": 1000}, "resolution 1000: FLAME's buckets are multiples of 64 px"),
     ({"caption_strategy": "parquet"}, "caption_strategy 'parquet'"),
     ({"minimum_image_size": 512}, "minimum_image_size 512: FLAME either upscales"),
     ({"crop": True, "crop_aspect": "random"}, "crop_aspect 'random'"),
