@@ -182,6 +182,20 @@ def check_true_cfg(true_cfg, negative_prompt):
     return guided, (("" if negative_prompt is None else negative_prompt) if guided else None)
 
 
+def check_true_cfg_start(true_cfg_start, guided):
+    """The first step (0-based) of true classifier-free guidance, checked before anything is loaded: an int >= 0
+    (default 0: every step); the steps before it run the prompt alone (SimpleTuner's validation_no_cfg_until_timestep).
+    Refused without a true-CFG scale > 1 rather than ignored."""
+    if true_cfg_start is None:
+        return 0
+    if isinstance(true_cfg_start, bool) or not isinstance(true_cfg_start, int) or true_cfg_start < 0:
+        raise GenerateError(f"--true-cfg-start {true_cfg_start!r}: the first step of true CFG, an integer >= 0")
+    if not guided:
+        raise GenerateError("--true-cfg-start: the first step of true classifier-free guidance; pass --true-cfg > 1 "
+                            "too")
+    return true_cfg_start
+
+
 def check_prompt_weights(prompts, negative_prompt, prompt_weights, log):
     """Before anything is loaded: with prompt_weights, every prompt's weights parsed (a bad one is a GenerateError);
     without, a note when a prompt holds "(text:weight)" weights (read as text then)."""
@@ -511,11 +525,11 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     of GEMMs, whose kernels cuBLAS picks by shape, so more in bfloat16 than in float32). The family comes from the
     files (registry.detect_family), a family's Files object, or `arch` ("flux" | "sd3" | "sdxl"); its generate part
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
-    scheduler, prompt_weights, true_cfg, negative_prompt; SD3: negative_prompt, clip_g, cfg, sampler, scheduler,
-    slg_scale, slg_layers, no_t5, max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg, sampler,
-    karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings; Flux
-    Kontext: image, keep_image_size, prompt_weights, true_cfg, negative_prompt; every family but Kontext: init_image,
-    strength, mask, mask_grow, mask_blur, paste_back (below).
+    scheduler, prompt_weights, true_cfg, true_cfg_start, negative_prompt; SD3: negative_prompt, clip_g, cfg, sampler,
+    scheduler, slg_scale, slg_layers, no_t5, max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg,
+    sampler, karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings;
+    Flux Kontext: image, keep_image_size, prompt_weights, true_cfg, true_cfg_start, negative_prompt; every family but
+    Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below).
     An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
@@ -794,6 +808,9 @@ def build_parser():
     g.add_argument("--true-cfg", type=float, metavar="S",
                    help="Flux / Flux Kontext: true classifier-free guidance (diffusers' true_cfg_scale) against "
                         "--negative-prompt (default \"\"); each step runs both prompts")
+    g.add_argument("--true-cfg-start", type=int, metavar="N",
+                   help="Flux / Flux Kontext: the first step (0-based) of --true-cfg; the steps before it run the "
+                        "prompt alone (SimpleTuner's validation_no_cfg_until_timestep; default 0)")
     g.add_argument("--seed", type=int, help="image j of each prompt uses seed + j (default: random)")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="images per transformer call")
@@ -859,7 +876,7 @@ def _family_options(args):
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
                 no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights, true_cfg=args.true_cfg,
-                embeddings=args.embeddings)
+                true_cfg_start=args.true_cfg_start, embeddings=args.embeddings)
     return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 
 

@@ -15,7 +15,8 @@ from .components import FluxFiles, find_flux_files
 
 FILES = FluxFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "sampler": None, "scheduler": None,
-           "prompt_weights": None, "true_cfg": "Flux's true classifier-free guidance", "negative_prompt": None,
+           "prompt_weights": None, "true_cfg": "Flux's true classifier-free guidance", "true_cfg_start": None,
+           "negative_prompt": None,
            **G.IMAGE_OPTIONS}
 NOTES = {"cfg": "its guidance is embedded (--guidance); true classifier-free guidance: --true-cfg",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)"}
@@ -26,18 +27,20 @@ SCHNELL_STEPS = 4
 def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, loras=(), width=1024, height=1024,
              steps=None, guidance=None, seed=None, num_images=1, batch_size=1, output=None, device=None, dtype=None,
              fp8=False, max_gpu_memory=None, max_length=None, sampler=None, scheduler=None,
-             prompt_weights=False, true_cfg=None, negative_prompt=None, progress=True, stats=None, log=print,
-             **image):
+             prompt_weights=False, true_cfg=None, true_cfg_start=None, negative_prompt=None, progress=True,
+             stats=None, log=print, **image):
     """Flux text-to-image (flame_models.generate.generate says what the arguments mean). model: a diffusers Flux
     folder, a transformer file (with vae=, clip_l=, t5=) or FluxFiles. sampler: "euler" (default), "heun" or
     "dpmpp_2m".
     image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...).
     prompt_weights: ComfyUI's "(text:1.2)" weights on T5's states (conditioning/prompt_weights.py). true_cfg: true
     classifier-free guidance (diffusers' true_cfg_scale, > 1) against negative_prompt (default "": diffusers needs
-    one given), each step running both (bfl/true_cfg.py)."""
+    one given), each step running both (bfl/true_cfg.py); from step true_cfg_start on (0-based, of the steps that run;
+    the earlier ones run the prompt alone)."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     guided, negative = G.check_true_cfg(true_cfg, negative_prompt)
+    cfg_start = G.check_true_cfg_start(true_cfg_start, guided)
     prompt_weights = G.check_prompt_weights(prompts, negative, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     sampler = G.flow_sampler(sampler, "Flux")
@@ -82,8 +85,8 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
                                                    batch_size=n * (2 if guided else 1), guidance=guidance),
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond[0], height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
-            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1], true_cfg=true_cfg if guided else 1.0,
-            **init.sample_kwargs(jobs)),
+            callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1],
+            true_cfg=true_cfg if guided else 1.0, true_cfg_start=cfg_start, **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
@@ -94,10 +97,10 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
 
         def text_of(i, s):
             info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": float(true_cfg) if guided else None,
-                    "seed": s, "steps": steps, "guidance": guidance, "width": width,
-                    "height": height, "model": files.transformer, "vae": files.vae, "clip_l": files.clip_l,
-                    "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler, "scheduler": scheduler,
-                    "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
+                    "true_cfg_start": cfg_start if guided else None, "seed": s, "steps": steps, "guidance": guidance,
+                    "width": width, "height": height, "model": files.transformer, "vae": files.vae,
+                    "clip_l": files.clip_l, "t5": files.t5, "loras": [[p, w] for p, w in loras], "sampler": sampler,
+                    "scheduler": scheduler, "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8), **init.info()}
             fields = [("Steps", steps), ("Sampler", DISPLAY_NAMES[sampler]), ("Schedule type", SCHEDULES[scheduler]),
                       ("CFG scale", f"{float(true_cfg):g}" if guided else 1),
                       ("Distilled CFG Scale", None if guidance is None else f"{guidance:g}"), ("Seed", s),

@@ -23,7 +23,8 @@ class KontextFiles(FluxFiles):
 
 FILES = KontextFiles
 OPTIONS = {"guidance": "Flux's embedded guidance", "max_length": None, "image": None, "keep_image_size": None,
-           "sampler": None, "scheduler": None, "prompt_weights": None, "true_cfg": None, "negative_prompt": None}
+           "sampler": None, "scheduler": None, "prompt_weights": None, "true_cfg": None, "true_cfg_start": None,
+           "negative_prompt": None}
 NOTES = {"cfg": "its guidance is embedded (--guidance); true classifier-free guidance: --true-cfg",
          "karras": "use --scheduler karras (its own sigmas respaced as Karras's)",
          **{name: "it edits the reference image given with --image, from noise" for name in G.IMAGE_OPTIONS}}
@@ -41,17 +42,18 @@ def find_files(model, **parts):
 def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, clip_l=None, t5=None, tokenizer=None,
              loras=(), width=1024, height=1024, steps=None, guidance=None, seed=None, num_images=1, batch_size=1,
              output=None, device=None, dtype=None, fp8=False, max_gpu_memory=None, max_length=None, sampler=None,
-             scheduler=None, prompt_weights=False, true_cfg=None, negative_prompt=None, progress=True, stats=None,
-             log=print):
+             scheduler=None, prompt_weights=False, true_cfg=None, true_cfg_start=None, negative_prompt=None,
+             progress=True, stats=None, log=print):
     """Flux Kontext image editing (flame_models.generate.generate says what the arguments mean); image: the
     reference image's path (required), resized to Kontext's resolution list (diffusers' default) or, with
     keep_image_size, kept at its own size floored to 16 (diffusers' `_auto_resize=False`); sampler: "euler"
     (default), "heun", "dpmpp_2m", "dpmpp_2m_sde" or "unipc". prompt_weights: ComfyUI's "(text:1.2)" weights on
     T5's states (conditioning/prompt_weights.py). true_cfg / negative_prompt: true classifier-free guidance, as
-    Flux's (diffusers' FluxKontextPipeline true_cfg_scale; bfl/true_cfg.py)."""
+    Flux's (diffusers' FluxKontextPipeline true_cfg_scale; bfl/true_cfg.py), from step true_cfg_start on."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     guided, negative = G.check_true_cfg(true_cfg, negative_prompt)
+    cfg_start = G.check_true_cfg_start(true_cfg_start, guided)
     prompt_weights = G.check_prompt_weights(prompts, negative, prompt_weights, log)
     G._check_args(prompts, width, height, steps, num_images, batch_size, seed)
     if image is None:
@@ -95,7 +97,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, cond[0], height=height, width=width, steps=steps, guidance=guidance, seeds=seeds, rows=rows,
             callback=callback, sampler=sampler, scheduler=scheduler, neg=cond[1],
-            true_cfg=float(true_cfg) if guided else 1.0),
+            true_cfg=float(true_cfg) if guided else 1.0, true_cfg_start=cfg_start),
         load_vae=lambda: P.load_vae_for_flux(files, dtype=dtype, device=dev), decode=decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps,
                           progress=progress, stats=stats, log=log)
@@ -105,6 +107,7 @@ def generate(model, prompts, *, image=None, keep_image_size=False, vae=None, cli
 
         def text_of(i, s):
             info = {"prompt": prompts[i], "negative_prompt": negative, "true_cfg": float(true_cfg) if guided else None,
+                    "true_cfg_start": cfg_start if guided else None,
                     "image": str(image), "reference_size": list(pixels.shape[:1:-1]),
                     "seed": s, "steps": steps, "guidance": guidance,
                     "width": width, "height": height, "model": files.transformer, "vae": files.vae,

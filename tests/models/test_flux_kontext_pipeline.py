@@ -83,6 +83,9 @@ def test_generate_kontext_true_cfg(tmp_path, capsys):
     assert np.abs(guided - plain).max() > 0
     im = Image.open(out / os.listdir(out)[0])
     assert "Negative prompt: y" in im.text["parameters"] and json.loads(im.text["flame"])["true_cfg"] == 3.0
+    late = np.asarray(generate(str(folder), "x", true_cfg=3.0, true_cfg_start=2, negative_prompt="y", **kw)[0],
+                      np.int16)
+    np.testing.assert_array_equal(late, plain)      # (from step 2 of 2: the prompt alone throughout)
     assert main(["--model", str(folder), "--prompt", "x", "--image", str(image), "--negative-prompt", "y",
                  "--output", str(tmp_path / "o"), "--no-progress", "--device", "cpu"]) == 2
     assert "--negative-prompt: Flux reads it under true classifier-free guidance" in capsys.readouterr().err

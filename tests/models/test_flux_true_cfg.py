@@ -113,3 +113,30 @@ def test_a_multistep_sampler_keeps_its_history_across_the_switch(parts):
     assert np.abs(later - plain).max() > 1e-3 and np.abs(later - everywhere).max() > 1e-3
     with pytest.raises(ValueError, match="cfg_start is the first step"):
         sample_latents(model, cond, true_cfg=3.0, true_cfg_start=-1, **kw)
+
+
+def test_generate_true_cfg_start(tmp_path, capsys):
+    from flame_models.bfl.tiny import tiny_flux_files
+    from flame_models.generate import GenerateError, generate, main
+    tiny = tiny_flux_files(tmp_path / "flux", seed=1)
+    kw = dict(steps=3, seed=2, width=32, height=32, progress=False, log=lambda *a: None, device="cpu", dtype="fp32",
+              negative_prompt="a blue circle")
+    every = np.asarray(generate(tiny, "a red square", true_cfg=3.0, **kw)[0], np.int16)
+    same = np.asarray(generate(tiny, "a red square", true_cfg=3.0, true_cfg_start=0, **kw)[0], np.int16)
+    np.testing.assert_array_equal(every, same)
+    later = np.asarray(generate(tiny, "a red square", true_cfg=3.0, true_cfg_start=2, output=str(tmp_path / "o"),
+                                **kw)[0], np.int16)
+    assert np.abs(later - every).max() > 0
+    meta = json.loads(Image.open(tmp_path / "o" / os.listdir(tmp_path / "o")[0]).text["flame"])
+    assert (meta["true_cfg"], meta["true_cfg_start"]) == (3.0, 2)
+    with pytest.raises(GenerateError, match="--true-cfg-start: the first step of true classifier-free guidance"):
+        generate(tiny, "a red square", true_cfg_start=1, **{k: v for k, v in kw.items() if k != "negative_prompt"})
+    with pytest.raises(GenerateError, match="--true-cfg-start -1: the first step of true CFG, an integer >= 0"):
+        generate(tiny, "a red square", true_cfg=3.0, true_cfg_start=-1, **kw)
+    base = ["--model", os.path.dirname(tiny.transformer), "--prompt", "x", "--steps", "2", "--width", "32",
+            "--height", "32", "--no-progress", "--device", "cpu", "--seed", "1"]
+    assert main(base + ["--output", str(tmp_path / "cli"), "--true-cfg", "2", "--true-cfg-start", "1"]) == 0
+    meta = json.loads(Image.open(tmp_path / "cli" / os.listdir(tmp_path / "cli")[0]).text["flame"])
+    assert (meta["true_cfg"], meta["true_cfg_start"]) == (2.0, 1)
+    assert main(base + ["--output", str(tmp_path / "x"), "--true-cfg-start", "1"]) == 2
+    assert "--true-cfg-start: the first step of true classifier-free guidance" in capsys.readouterr().err
