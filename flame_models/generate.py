@@ -527,9 +527,9 @@ def generate(model, prompts, *, vae=None, clip_l=None, t5=None, tokenizer=None, 
     (flame_models/<family>/generate.py) runs with the family's own `options` -- Flux: guidance, max_length, sampler,
     scheduler, prompt_weights, true_cfg, true_cfg_start, negative_prompt; SD3: negative_prompt, clip_g, cfg, sampler,
     scheduler, slg_scale, slg_layers, no_t5, max_length, configs, prompt_weights; SDXL: negative_prompt, clip_g, cfg,
-    sampler, karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings;
-    Flux Kontext: image, keep_image_size, prompt_weights, true_cfg, true_cfg_start, negative_prompt; every family but
-    Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below).
+    sampler, karras, original_size, crop, target_size, max_token_length, configs, freeu, prompt_weights, embeddings,
+    guidance_rescale; Flux Kontext: image, keep_image_size, prompt_weights, true_cfg, true_cfg_start,
+    negative_prompt; every family but Kontext: init_image, strength, mask, mask_grow, mask_blur, paste_back (below).
     An option of another family is refused, naming it.
 
     model: a diffusers folder, a transformer / UNet / SAI single file (with vae=, clip_l=, t5= where it does not
@@ -808,6 +808,9 @@ def build_parser():
     g.add_argument("--true-cfg", type=float, metavar="S",
                    help="Flux / Flux Kontext: true classifier-free guidance (diffusers' true_cfg_scale) against "
                         "--negative-prompt (default \"\"); each step runs both prompts")
+    g.add_argument("--guidance-rescale", type=float, metavar="R",
+                   help="SDXL: rescale classifier-free guidance toward the prompt's prediction's spread (diffusers' "
+                        "guidance_rescale, 0-1; 0.7 for v-prediction models with zero terminal SNR)")
     g.add_argument("--true-cfg-start", type=int, metavar="N",
                    help="Flux / Flux Kontext: the first step (0-based) of --true-cfg; the steps before it run the "
                         "prompt alone (SimpleTuner's validation_no_cfg_until_timestep; default 0)")
@@ -876,7 +879,8 @@ def _family_options(args):
                 karras=args.karras, original_size=args.original_size, crop=args.crop, target_size=args.target_size,
                 max_token_length=args.max_token_length, slg_scale=args.slg_scale, slg_layers=args.slg_layers,
                 no_t5=args.no_t5, freeu=args.freeu, prompt_weights=args.prompt_weights, true_cfg=args.true_cfg,
-                true_cfg_start=args.true_cfg_start, embeddings=args.embeddings)
+                true_cfg_start=args.true_cfg_start, guidance_rescale=args.guidance_rescale,
+                embeddings=args.embeddings)
     return {k: v for k, v in opts.items() if v is not None and v is not False}   # (a 0 given is given)
 
 

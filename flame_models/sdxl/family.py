@@ -71,7 +71,7 @@ class SDXLFamily(DiffusionFamily):
     takes_text_loras = True
     text_encoder_targets = tuple(TEXT_ENCODER_TARGETS)                                # kohya's CLIP set
     config_defaults = {"name": "sdxl_lora", "train.noise_scheduler": "ddpm", "sample.guidance_scale": 5.0}
-    fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path")
+    fields = DDPM_FIELDS + ("sample.neg", "model.clip_g_path", "sample.guidance_rescale")
     field_notes = {**{k: _FLOW_NOTE for k in FLOW_FIELDS},
                    "train.guidance": "SDXL has no guidance embedding; previews use CFG (sample.guidance_scale)",
                    "sample.slg_scale": "skip-layer guidance is for SD3.5 (model.arch sd3)",
@@ -214,7 +214,7 @@ class SDXLFamily(DiffusionFamily):
     def sample_options(self, cfg):
         t = cfg.train
         return {"sampler": self._sampler(cfg.sample), "prediction_type": t.prediction_type,
-                "zero_terminal_snr": t.zero_terminal_snr}
+                "zero_terminal_snr": t.zero_terminal_snr, "guidance_rescale": cfg.sample.guidance_rescale}
 
     # ------------------------------------------------------------------ training
     def objective(self, train_cfg):
@@ -276,10 +276,10 @@ class SDXLFamily(DiffusionFamily):
 
     # ------------------------------------------------------------------ previews
     def sample(self, model, cond, *, height, width, steps, guidance, seed, device, callback=None, sampler="euler",
-               prediction_type="epsilon", zero_terminal_snr=False):
+               prediction_type="epsilon", zero_terminal_snr=False, guidance_rescale=0.0):
         """One prompt's latents with an SDXL sampler on the training schedule (trailing timesteps for a
         zero-terminal-SNR model, as diffusers advises); size conditioning = the preview's size, no crop; CFG
-        against the negative_* arrays, or SDXL's zeros."""
+        against the negative_* arrays, or SDXL's zeros, rescaled by guidance_rescale (sample.guidance_rescale)."""
         c = model.config
         streamer = streamer_of(model)
         dev = streamer.device if streamer is not None else model.device
@@ -297,7 +297,7 @@ class SDXLFamily(DiffusionFamily):
         noise = sdxl_pipeline.get_noise(1, height, width, seed, dev)
         return sdxl_sample(model, context, y, neg_context, neg_y, height=height, width=width, steps=steps,
                            cfg=guidance, sampler=sampler, seed=seed, prediction_type=prediction_type,
-                           zero_terminal_snr=zero_terminal_snr,
+                           zero_terminal_snr=zero_terminal_snr, guidance_rescale=guidance_rescale,
                            timestep_spacing="trailing" if zero_terminal_snr else "leading",
                            steps_offset=0 if zero_terminal_snr else 1, noise=noise, progress=False,
                            callback=None if callback is None else (lambda i, *a: callback(i, steps)))

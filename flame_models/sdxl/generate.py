@@ -14,6 +14,7 @@ import random
 from .. import generate as G
 from ..conditioning.embeddings import EmbeddingError, load_embedding
 from ..conditioning.encoders import check_max_token_length
+from ..numbers import as_float
 from ..samplers import LCM_ORIGINAL_STEPS
 from ..samplers.img2img import SDXL_DEFAULT_STRENGTH
 from . import pipeline as P
@@ -24,7 +25,7 @@ from .freeu import parse_freeu
 FILES = SDXLFiles
 OPTIONS = {"negative_prompt": None, "clip_g": None, "cfg": None, "sampler": None, "karras": None,
            "original_size": None, "crop": None, "target_size": None, "max_token_length": None, "configs": None,
-           "freeu": None, "prompt_weights": None, "embeddings": None, **G.IMAGE_OPTIONS}
+           "freeu": None, "prompt_weights": None, "embeddings": None, "guidance_rescale": None, **G.IMAGE_OPTIONS}
 INIT_MULTIPLE = 32   # an init image's own size is floored to it (SDXL's UNet halves the latents twice)
 NOTES = {"guidance": "it uses classifier-free guidance (--cfg)", "no_t5": "it has no T5",
          "scheduler": "--karras gives Karras sigmas (the default: the model's own)"}
@@ -69,7 +70,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
              loras=(), width=1024, height=1024, steps=None, cfg=None, sampler=None, karras=False, original_size=None,
              crop=None, target_size=None, max_token_length=None, seed=None, num_images=1, batch_size=1, output=None,
              device=None, dtype=None, fp8=False, max_gpu_memory=None, configs=None, freeu=None,
-             prompt_weights=False, embeddings=(), progress=True, stats=None, log=print, **image):
+             prompt_weights=False, embeddings=(), guidance_rescale=None, progress=True, stats=None, log=print,
+             **image):
     """SDXL text-to-image (flame_models.generate.generate says what the shared arguments mean). model: an SAI file
     (sd_xl_base_1.0.safetensors), a diffusers folder, a UNet file with the other parts given, or SDXLFiles.
     image: image-to-image and inpainting (generate.InitImage's keywords: init_image, strength, mask, ...). freeu: FreeU
@@ -78,7 +80,8 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
     prompts and the negative prompt (flame_models/conditioning/prompt_weights.py); without it parentheses are text, as
     in diffusers. embeddings: textual inversions, ["path.safetensors[:token]"] (SDXL embedding files: clip_l and
     clip_g vectors), named in the prompts by their token or ComfyUI's embedding:token
-    (flame_models/conditioning/embeddings.py)."""
+    (flame_models/conditioning/embeddings.py). guidance_rescale: diffusers' (0 to 1; 0.7 for v-prediction models with
+    zero terminal SNR), with cfg != 1."""
     stats = {} if stats is None else stats
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if isinstance(model, SDXLFiles):
@@ -115,6 +118,12 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         raise G.GenerateError(f"--cfg {cfg}: a finite number > 0")
     if negative_prompt is not None and cfg == 1.0:
         raise G.GenerateError("--negative-prompt: without classifier-free guidance (--cfg 1) it has no effect")
+    rescale = 0.0 if guidance_rescale is None else as_float(guidance_rescale)
+    if not 0.0 <= rescale <= 1.0:
+        raise G.GenerateError(f"--guidance-rescale {guidance_rescale!r}: a number in [0, 1]")
+    if rescale and cfg == 1.0:
+        raise G.GenerateError("--guidance-rescale: rescales classifier-free guidance; without it (--cfg 1) it has no "
+                              "effect")
     if image.get("init_image") is not None and sampler == "lcm":
         raise G.GenerateError("--init-image: image-to-image with --sampler lcm is not supported (LCM's timesteps "
                               "depend on the strength); use another sampler")
@@ -163,7 +172,7 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
         sample=lambda net, cond, seeds, rows, callback, jobs: P.sample_latents(
             net, *cond, height=height, width=width, steps=steps, cfg=cfg, seeds=seeds, rows=rows, callback=callback,
             sampler=sampler, scheduler="karras" if karras else "normal", original_size=original_size,
-            crop_coords=crop, target_size=target_size, **init.sample_kwargs(jobs)),
+            crop_coords=crop, target_size=target_size, guidance_rescale=rescale, **init.sample_kwargs(jobs)),
         load_vae=lambda: P.load_vae_for_sdxl(files, dtype=dtype, device=dev), decode=P.decode_latents)
     images = G.run_stages(stages, prompts, jobs, dev=dev, budget=budget, batch_size=batch_size, steps=steps_run,
                           progress=progress, stats=stats, log=log)
@@ -178,10 +187,12 @@ def generate(model, prompts, *, negative_prompt=None, vae=None, clip_l=None, cli
 
         def text_of(i, s):
             fields = [("Steps", steps), ("Sampler", SAMPLER_NAMES[sampler]), ("Schedule type", schedule),
-                      ("CFG scale", f"{cfg:g}"), ("Seed", s), ("Size", f"{width}x{height}"), *init.fields(),
-                      ("Model", name), *G.lora_field(loras), ("Version", "FLAME")]
+                      ("CFG scale", f"{cfg:g}"), ("CFG rescale", f"{rescale:g}" if rescale else None), ("Seed", s),
+                      ("Size", f"{width}x{height}"), *init.fields(), ("Model", name), *G.lora_field(loras),
+                      ("Version", "FLAME")]
             info = {"family": "sdxl", "prompt": prompts[i], "negative_prompt": neg, "seed": s, "steps": steps,
-                    "cfg": cfg, "width": width, "height": height, "sampler": sampler, "scheduler": schedule.lower(),
+                    "cfg": cfg, "guidance_rescale": rescale, "width": width, "height": height, "sampler": sampler,
+                    "scheduler": schedule.lower(),
                     "model": files.unet, "vae": files.vae, "clip_l": files.clip_l, "clip_g": files.clip_g,
                     "loras": [[p, w] for p, w in loras], "dtype": str(dtype).replace("flame.", ""), "fp8": bool(fp8),
                     "original_size": [oh, ow], "crop_coords": list(crop), "target_size": [th, tw],

@@ -133,7 +133,8 @@ def get_noise(batch, height, width, seed, device=None):
 
 def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, sampler="euler", scheduler="normal",
                    seeds=None, latents=None, rows=None, neg_rows=None, original_size=None, crop_coords=(0, 0),
-                   target_size=None, eta=None, callback=None, init_latents=None, strength=None, mask=None):
+                   target_size=None, eta=None, callback=None, init_latents=None, strength=None, mask=None,
+                   guidance_rescale=0.0):
     """Denoise with one of SAMPLERS (euler, euler_ancestral, heun, dpm_2, dpm_2_ancestral, dpmpp_2m, dpmpp_2m_sde,
     ddim, lcm, unipc) on the scaled-linear schedule's sigmas ('normal', diffusers' SDXL spacing) or Karras'
     ('karras'); returns model-space latents (B, 4, H/8, W/8) float32.
@@ -146,7 +147,9 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
     picture whatever the batch), or `latents` (B, 4, H/8, W/8), unit variance (the stochastic samplers then draw
     from seed 1). callback(i, n) per step. Image-to-image: init_latents (1 or B, 4, H/8, W/8), an image's latents
     in the UNet's space (encode_images), strength (default 0.3) and, for inpainting, mask (then strength defaults
-    to 1): sampling.sample says how."""
+    to 1): sampling.sample says how. guidance_rescale φ in [0, 1] (diffusers' guidance_rescale, Lin et al. 2023: the
+    guided prediction rescaled toward the positive one's standard deviation; 0.7 for v-prediction models with zero
+    terminal SNR)."""
     if (seeds is None) == (latents is None):
         raise ValueError("pass exactly one of seeds= (one per image) and latents=")
     if sampler not in SAMPLERS:
@@ -186,8 +189,8 @@ def sample_latents(unet, cond, neg_cond=None, *, height, width, steps, cfg, samp
     elif strength is not None or mask is not None:
         raise ValueError("strength and mask apply to image-to-image: pass init_latents= too")
     kw = dict(height=height, width=width, steps=steps, cfg=cfg, sampler=sampler, scheduler=scheduler, eta=eta,
-              progress=False, callback=None if callback is None else (lambda i, *a: callback(i, n_run)),
-              strength=strength)
+              guidance_rescale=guidance_rescale, progress=False,
+              callback=None if callback is None else (lambda i, *a: callback(i, n_run)), strength=strength)
     # the stochastic samplers draw step noise for the whole batch from one generator: image by image, each image's
     # draws depend on its own seed only
     if latents is None and sampler in DRAWS_NOISE and len(seeds) > 1:

@@ -249,6 +249,9 @@ class SampleConfig:
     neg: typing.Any = None               # sd3 / sdxl / chroma / qwen_image, and flux with true_cfg: the previews'
                                          # negative prompt (default: sd3 "", sdxl zeros, as diffusers); ai-toolkit's
                                          # false or "" ask for none
+    guidance_rescale: float = 0.0        # sdxl: CFG rescaled toward the prompt's prediction's spread, 0 to 1
+                                         # (ai-toolkit's; diffusers' guidance_rescale; 0.7 for v-prediction models
+                                         # with zero terminal SNR; SimpleTuner's validation_guidance_rescale)
     true_cfg: float = 1.0                # flux / flux_kontext: > 1 runs true classifier-free guidance against neg
                                          # ("" by default): v_neg + true_cfg (v_pos - v_neg), two forwards a step
                                          # (diffusers' true_cfg_scale, SimpleTuner's validation_guidance_real;

@@ -628,9 +628,14 @@ class _Reader:
             else:
                 smp["slg_layers"] = layers
                 smp["slg_scale"] = self.number("validation_guidance_skip_scale", low=0)
-        rescale = self.get("validation_guidance_rescale")
-        if rescale is not None and _num(rescale) not in (0, 0.0):
-            self.err("validation_guidance_rescale", "FLAME's previews do not rescale the guidance (0.0)")
+        rescale = self.number("validation_guidance_rescale", low=0)
+        if rescale is not None and rescale > 1:
+            self.err("validation_guidance_rescale", f"a number in [0, 1], got {rescale!r}")
+        elif rescale and family != "sdxl":
+            self.err("validation_guidance_rescale", f"FLAME rescales SDXL's previews' guidance; the {family} previews "
+                                                    f"take none (0.0)")
+        elif rescale:
+            smp["guidance_rescale"] = float(rescale)
 
     def _real_cfg(self, family):
         """validation_guidance_real: SimpleTuner's real CFG of a guidance-distilled Flux's previews (FLAME's

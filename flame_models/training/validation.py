@@ -271,6 +271,8 @@ def validate(cfg, prefix="", check_files=True):
         e.append(f"{p}sample.neg: a negative prompt (a string; false or \"\" for none), got {sm.neg!r}")
     if sm.slg_scale < 0:
         e.append(f"{p}sample.slg_scale: must be >= 0 (0: no skip-layer guidance), got {sm.slg_scale}")
+    if not 0 <= sm.guidance_rescale <= 1:
+        e.append(f"{p}sample.guidance_rescale: a number in [0, 1] (0: none), got {sm.guidance_rescale}")
     if not sm.true_cfg >= 1:
         e.append(f"{p}sample.true_cfg: the true-CFG scale, >= 1 (1: none), got {sm.true_cfg}")
     _at_least(e, f"{p}sample.true_cfg_start", sm.true_cfg_start, 0)

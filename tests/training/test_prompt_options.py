@@ -245,3 +245,29 @@ def test_true_cfg_is_fluxs(tmp_path, images):
                      sample={"sample_every": 2, "prompts": ["a"], "true_cfg": 3.0, "width": 64, "height": 64})
     cfg = _flux(tmp_path, images, name="ai", prompts=["a"], neg="")   # ai-toolkit's Flux configs write neg: ""
     assert Trainer(cfg, verbose=False).setup().previews.prompts[0].cond.get("negative_prompt_embeds") is None
+
+
+def test_sdxl_previews_rescale_their_guidance(tmp_path, images):
+    """sample.guidance_rescale (ai-toolkit's; SimpleTuner's validation_guidance_rescale): SDXL's CFG rescaled as
+    diffusers' guidance_rescale (its sampler's golden test: tests/models/test_sdxl_sampling.py); other families
+    refuse it."""
+    sample = {"sample_every": 2, "sample_steps": 2, "width": 64, "height": 64, "prompts": ["a"],
+              "guidance_scale": 5.0, "guidance_rescale": 0.7}
+    cfg = image_config(tmp_path, "gr", None, images, steps=2, drop=["model.name_or_path", "model.t5_max_length"],
+                       model={"arch": "sdxl", "size": "sdxl-tiny"}, sample=sample)
+    tr = Trainer(cfg, verbose=False).setup()
+    args = tr.previews._settings(0)
+    assert args["guidance_rescale"] == 0.7
+    tr.sample()
+    lat = io.load_file(os.path.join(tr.out, "samples", "step_000000.safetensors"))["latents"].numpy()
+    tr.model.eval()
+    cond = tr.previews.prompts[0].cond
+    z = tr.family.sample(tr.model, cond, device=tr.device, **args)[0].float().cpu().numpy()
+    np.testing.assert_array_equal(lat[0], z)
+    plain = tr.family.sample(tr.model, cond, device=tr.device, **{**args, "guidance_rescale": 0.0})
+    assert np.abs(plain[0].float().cpu().numpy() - z).max() > 0
+    with pytest.raises(ConfigError, match=r"sample.guidance_rescale: a number in \[0, 1\]"):
+        image_config(tmp_path, "gr2", None, images, drop=["model.name_or_path", "model.t5_max_length"],
+                     model={"arch": "sdxl", "size": "sdxl-tiny"}, sample=dict(sample, guidance_rescale=1.5))
+    with pytest.raises(ConfigError, match=r"sample.guidance_rescale: not available"):
+        _flux(tmp_path, images, name="fgr", prompts=["a"], guidance_rescale=0.5)

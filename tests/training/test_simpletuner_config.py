@@ -192,6 +192,18 @@ def test_what_flame_would_not_apply_is_named(tmp_path, change, words):
     assert words in str(e.value) and "config.json" in str(e.value)
 
 
+def test_validation_guidance_rescale_is_sdxls(tmp_path):
+    sdxl = dict(CONFIG, model_family="sdxl", validation_guidance_rescale=0.7)
+    sdxl.pop("--base_model_precision")
+    proc, _ = read_simpletuner_config(_write(tmp_path, sdxl))
+    assert proc["sample"]["guidance_rescale"] == 0.7
+    for change, words in (({"validation_guidance_rescale": 0.7}, "FLAME rescales SDXL's previews' guidance; the flux"),
+                          ({"validation_guidance_rescale": 1.5, "model_family": "sdxl"}, "a number in [0, 1]")):
+        with pytest.raises(ConfigError) as e:
+            read_simpletuner_config(_write(tmp_path, dict(CONFIG, **change)))
+        assert "validation_guidance_rescale: " + words in str(e.value)
+
+
 def test_resolution_type_pixel_keeps_the_shorter_side(tmp_path):
     b = dict(BACKENDS[0], resolution_type="pixel", resolution=768, minimum_image_size=768)
     proc, _ = read_simpletuner_config(_write(tmp_path, backends=[b, BACKENDS[1]]))
