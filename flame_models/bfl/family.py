@@ -41,7 +41,8 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     default_size = "flux-tiny"
     model_sizes = ("flux-dev", "flux-schnell", "flux-tiny")
     target_presets = TARGET_PRESETS
-    fields = FLOW_FIELDS + ("train.guidance", "model.t5_path", "model.t5_max_length", "model.quantize_te",
+    fields = FLOW_FIELDS + ("train.guidance", "train.guidance_range", "model.t5_path", "model.t5_max_length",
+                            "model.quantize_te",
                             "sample.neg", "sample.true_cfg", "sample.true_cfg_start")
     true_cfg = True   # previews may run true CFG against a negative prompt (sample.true_cfg; --l beside --g)
     field_notes = {
@@ -72,15 +73,17 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def spec_problems(self, cfg, spec, prefix=""):
         e = []
         if not spec.guidance_embed:
-            for k in ("train.guidance", "sample.guidance_scale"):
+            for k in ("train.guidance", "train.guidance_range", "sample.guidance_scale"):
                 if k in cfg.given:
                     e.append(f"{prefix}{k}: this Flux (schnell-like) has no guidance embedding; remove the key")
             if cfg.train.bypass_guidance_embedding:
                 e.append(f"{prefix}train.bypass_guidance_embedding: this Flux (schnell-like) has no guidance "
                          f"embedding to bypass; remove the key")
-        elif cfg.train.bypass_guidance_embedding and "train.guidance" in cfg.given:
-            e.append(f"{prefix}train.guidance: not used: train.bypass_guidance_embedding trains without the guidance "
-                     f"embedding")
+        elif cfg.train.bypass_guidance_embedding:
+            for k in ("train.guidance", "train.guidance_range"):
+                if k in cfg.given:
+                    e.append(f"{prefix}{k}: not used: train.bypass_guidance_embedding trains without the guidance "
+                             f"embedding")
         return e
 
     # ------------------------------------------------------------------ building

@@ -171,6 +171,9 @@ class TrainSection:
     train_text_encoder: bool = False     # sdxl, image folders: LoRA on CLIP-L / CLIP-G too (ai-toolkit's name)
     text_encoder_lr: typing.Optional[float] = None  # their learning rate (kohya --text_encoder_lr); None: lr
     guidance: float = 1.0                # guidance embedding value while training (flux-dev)
+    guidance_range: typing.Any = None    # flux-dev: [min, max]: each sample's guidance drawn uniformly in it, from
+                                         # the timesteps' random stream (SimpleTuner's flux_guidance_mode
+                                         # random-range); None: train.guidance for every sample
     bypass_guidance_embedding: bool = False  # ai-toolkit's: flux-dev trains without its guidance embedding in the
                                          # conditioning vector (previews keep it)
     # regularisation images (datasets with is_reg: true; flame_models/data/reg_mix.py)

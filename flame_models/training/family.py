@@ -139,7 +139,7 @@ DDPM_FIELDS = ("train.prediction_type", "train.zero_terminal_snr", "train.min_sn
 FAMILY_FIELDS = FLOW_FIELDS + DDPM_FIELDS + (
     "train.guidance", "sample.neg", "sample.slg_scale", "sample.slg_layers", "model.clip_g_path", "model.t5_path",
     "model.t5_max_length", "model.quantize_te", "model.use_t5", "sample.true_cfg", "sample.true_cfg_start",
-    "sample.guidance_rescale")
+    "sample.guidance_rescale", "train.guidance_range")
 
 
 class ModelFileError(FlameError, ValueError):

@@ -35,10 +35,13 @@ SimpleTuner option -> FLAME setting:
         max_step_saves_to_keep
     validation_prompt, user_prompt_library (its prompts), validation_step_interval (validation_steps),
         validation_num_inference_steps, validation_guidance, validation_negative_prompt (families with CFG),
-        validation_resolution WxH, validation_seed, validation_guidance_skip_layers (SD3) -> sample.*
+        validation_resolution WxH, validation_seed, validation_guidance_skip_layers (SD3), validation_guidance_rescale
+        (SDXL) -> sample.*; validation_guidance_real > 1 (Flux) -> sample.true_cfg against
+        validation_negative_prompt, from validation_no_cfg_until_timestep (sample.true_cfg_start)
     flow_schedule_shift, flow_sigmoid_scale (SimpleTuner's default σ: sigmoid(scale · N(0, 1)) then shifted) ->
         train.timestep_type shift, shift, sigmoid_scale; flow_schedule_auto_shift -> flux_shift;
-        flux_guidance_value -> train.guidance; loss_type, huber_c; snr_gamma (SDXL) -> train.min_snr_gamma;
+        flux_guidance_value -> train.guidance, flux_guidance_mode random-range with flux_guidance_min / max ->
+        train.guidance_range; loss_type, huber_c; snr_gamma (SDXL) -> train.min_snr_gamma;
         prediction_type (SDXL) -> train.prediction_type; use_ema, ema_decay -> train.ema_config
     report_to tensorboard | wandb, tracker_project_name, tracker_run_name -> logging.*
     an eval backend with eval_steps_interval, eval_timesteps (28), num_eval_images -> validation (folder_path,
@@ -48,7 +51,7 @@ host and speed settings (vae_batch_size, quantize_via, disable_benchmark, disabl
 fuse_qkv_projections, aspect_bucket_rounding, compress_disk_cache, validation_torch_compile, ...), the hub settings
 without push_to_hub, validation_disable_unconditional (FLAME renders no unconditional image).
 Every other key or value -- push_to_hub, controlnet, TREAD, int8 / int4 quantisation, SimpleTuner's own cosine /
-sine schedules, optimizers FLAME does not have, random-range guidance, ... -- is an error naming the file and the key:
+sine schedules, optimizers FLAME does not have, other guidance modes, ... -- is an error naming the file and the key:
 a setting FLAME would not apply is never dropped silently.
 """
 import math
@@ -106,7 +109,7 @@ DEFAULTS = {"learning_rate": 4e-7, "lr_scheduler": "constant_with_warmup", "lr_w
             "validation_guidance_skip_scale": 2.8, "eval_timesteps": 28, "output_dir": "simpletuner-results",
             "tracker_project_name": "simpletuner", "tracker_run_name": "simpletuner-testing", "num_eval_images": 4,
             "validation_seed": None, "validation_guidance_rescale": 0.0, "validation_guidance_real": 1.0,
-            "validation_no_cfg_until_timestep": 2,
+            "validation_no_cfg_until_timestep": 2, "flux_guidance_min": 0.0, "flux_guidance_max": 4.0,
             "validation_guidance_skip_layers": None, "lora_init_type": "default", "peft_lora_target_modules": None,
             "init_lora": None, "lycoris_config": "config/lycoris_config.json", "assistant_lora_path": None,
             "disable_assistant_lora": False, "huber_c": 0.1, "huber_schedule": "snr", "noise_offset": 0.1,
@@ -534,9 +537,19 @@ class _Reader:
                 if self.given(k):
                     self.note(k, "SDXL trains with DDPM timesteps: not used (SimpleTuner's too)")
         mode = self.get("flux_guidance_mode")
-        if mode not in (None, "constant"):
-            self.err("flux_guidance_mode", f"{mode!r}: FLAME trains Flux at one guidance value (constant)")
-        if self.given("flux_guidance_value"):
+        if mode not in (None, "constant", "random-range"):
+            self.err("flux_guidance_mode", f"{mode!r}: FLAME trains Flux at one guidance value (constant) or at one "
+                                           f"drawn per sample (random-range)")
+        elif mode == "random-range" and family in ("flux", "flux_kontext"):
+            lo, hi = self.number("flux_guidance_min", low=0), self.number("flux_guidance_max", low=0)
+            if lo is not None and hi is not None and lo > hi:
+                self.err("flux_guidance_max", f"{hi} is below flux_guidance_min {lo}")
+            t["guidance_range"] = [lo, hi]
+            if self.given("flux_guidance_value"):
+                self.note("flux_guidance_value", "random-range draws each sample's guidance: not used")
+        elif mode == "random-range":
+            self.note("flux_guidance_mode", f"{family} has no guidance embedding: not used")
+        if self.given("flux_guidance_value") and mode != "random-range":
             if family in ("flux", "flux_kontext"):
                 t["guidance"] = self.number("flux_guidance_value", low=0)
             else:

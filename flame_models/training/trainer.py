@@ -663,7 +663,23 @@ class Trainer:
                                                             generator=self.sigma_gen,
                                                             num_tokens=self.family.image_seq_len(x0),
                                                             device=self.device))
+        self._draw_guidance(cond, x0.shape[0])
         return (x0, noise, t) + self._perturbed(noise, x0) + tuple(cond[k] for k in self._cond_keys), t
+
+    def _draw_guidance(self, cond, batch):
+        """train.guidance_range [lo, hi] (SimpleTuner's flux_guidance_mode random-range): each sample's embedded
+        guidance drawn uniformly in it from the timesteps' CPU stream (after the timesteps; for the global batch,
+        this rank's rows kept), in place of train.guidance -- the preservation prompts' with the same draws."""
+        rng = self.cfg.train.guidance_range
+        if rng is None or "guidance" not in cond:
+            return
+        lo, hi = float(rng[0]), float(rng[1])
+        u = flame.rand(self.dist.global_batch(batch), generator=self.sigma_gen, dtype=flame.float64, device="cpu")
+        g = self.dist.shard(flame.tensor(lo + (hi - lo) * u.numpy(), dtype=cond["guidance"].dtype,
+                                         device=self.device))
+        for k in ("guidance", preservation.PRESERVATION + "guidance"):
+            if k in cond:
+                cond[k] = g
 
     def _perturbed(self, noise, x0):
         """(ε + γ·ξ,) -- the noise the model's input gets under train.ip_noise_gamma (kohya's input perturbation;

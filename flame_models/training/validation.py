@@ -1,6 +1,7 @@
 """Every check of a TrainConfig that can run before anything is loaded: ranges, contradictions between fields, the
 model family's own checks, and (check_files) the model file's and the dataset files' headers."""
 import difflib
+import math
 import os
 
 from flame_core.memory.stats import parse_budget
@@ -540,6 +541,15 @@ def _family_checks(cfg, family, p):
     elif cs != "balanced" and "train.timestep_type" not in family.fields:
         e.append(f"{p}train.content_or_style: {cs!r} biases a flow-matching family's timesteps; the {family.name} "
                  f"family draws DDPM timesteps (train.min_timestep / max_timestep narrow them)")
+    gr = cfg.train.guidance_range
+    if gr is not None and "train.guidance_range" in family.fields:
+        ok = isinstance(gr, (list, tuple)) and len(gr) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in gr)
+        if not ok or gr[0] > gr[1]:
+            e.append(f"{p}train.guidance_range: [min, max], two numbers with 0 <= min <= max (each sample's guidance "
+                     f"drawn uniformly in them), got {gr!r}")
+        elif "train.guidance" in cfg.given:
+            e.append(f"{p}train.guidance: train.guidance_range draws each sample's guidance; give one of the two")
     if cfg.train.bypass_guidance_embedding and family.name not in ("flux", "flux_kontext"):
         e.append(f"{p}train.bypass_guidance_embedding: Flux's (a guidance-embedding Flux trains without it); the "
                  f"{family.name} family has no guidance embedding")
