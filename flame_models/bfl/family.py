@@ -19,17 +19,6 @@ from .sampling import pack
 from .true_cfg import with_true_cfg
 
 
-def _prompt_options(cfg):
-    """The sample prompts' PromptOptions (None for a prompt whose flags do not read: reported by validation)."""
-    out = []
-    for text in cfg.sample.prompts or ():
-        try:
-            out.append(prompt_options.parse(text) if isinstance(text, str) else None)
-        except prompt_options.PromptOptionError:
-            out.append(None)
-    return out or [None]
-
-
 class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     name = "flux"
     label = "Flux"
@@ -42,11 +31,9 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     model_sizes = ("flux-dev", "flux-schnell", "flux-tiny")
     target_presets = TARGET_PRESETS
     fields = FLOW_FIELDS + ("train.guidance", "train.guidance_range", "model.t5_path", "model.t5_max_length",
-                            "model.quantize_te",
-                            "sample.neg", "sample.true_cfg", "sample.true_cfg_start")
+                            "model.quantize_te", "sample.neg", "sample.true_cfg", "sample.true_cfg_start")
     true_cfg = True   # previews may run true CFG against a negative prompt (sample.true_cfg; --l beside --g)
-    field_notes = {
-                   "model.use_t5": "Flux always encodes with T5",
+    field_notes = {"model.use_t5": "Flux always encodes with T5",
                    "model.clip_g_path": "Flux has no CLIP-G (model.arch sd3 or sdxl has)"}
     spec_errors = (FluxCheckpointError, KeyError, ValueError)
     takes_text_loras = True
@@ -148,7 +135,7 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def _config_problems(self, cfg, prefix):
         e = super()._config_problems(cfg, prefix)
         sm = cfg.sample
-        guided = any(prompt_options.true_cfg_of(o, sm) > 1 for o in _prompt_options(cfg))
+        guided = prompt_options.runs_true_cfg(sm)
         if isinstance(sm.neg, str) and sm.neg and not guided:
             e.append(f"{prefix}sample.neg: not available: Flux-dev is guidance-distilled; its previews take a "
                      f"negative prompt only with true CFG (sample.true_cfg > 1, or a prompt's --l beside --g)")
@@ -163,7 +150,7 @@ class FluxFamily(FlowSamplerPreviews, FlowMatchingFamily):
     def negative_prompt(self, cfg):
         """sample.neg ("" when not a string) where a preview runs true CFG (sample.true_cfg > 1, or a prompt's --l
         beside --g), else None: Flux-dev is guidance-distilled, its previews need no negative prompt."""
-        if not any(prompt_options.true_cfg_of(o, cfg.sample) > 1 for o in _prompt_options(cfg)):
+        if not prompt_options.runs_true_cfg(cfg.sample):
             return None
         return cfg.sample.neg if isinstance(cfg.sample.neg, str) else ""
 

@@ -155,9 +155,9 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     if isinstance(cfg_start, bool) or not isinstance(cfg_start, int) or cfg_start < 0:
         raise ValueError(f"cfg_start is the first step (0-based) of true CFG, an int >= 0; got {cfg_start!r}")
     n = len(timesteps) - 1
-    nets = {True: model}   # guided -> the net its steps run
-    if unguided is not None and cfg_start > 0:
-        nets = {False: unguided} if cfg_start >= n else {False: unguided, True: model}
+    cfg_from = cfg_start if unguided is not None else 0   # the first step that runs `model`
+    nets = {guided: net for guided, net in ((False, unguided), (True, model))
+            if (cfg_from < n if guided else cfg_from > 0)}   # guided -> the net its steps run
     dtype = _model_dtype(model)
     B = img.shape[0]
     x = img.to(flame.float32)
@@ -182,7 +182,7 @@ def denoise(model, img, img_ids, txt, txt_ids, y, timesteps, guidance=None, cuda
     with flame.no_grad():
         for i, (t_cur, t_next) in enumerate(zip(timesteps[:-1], timesteps[1:]), 1):
             dt = flame.full((1,), t_next - t_cur, dtype=flame.float32, device=img.device)
-            run = runs[(step_kind(sampler, i - 1, n), True in nets and (False not in nets or i - 1 >= cfg_start))]
+            run = runs[(step_kind(sampler, i - 1, n), i - 1 >= cfg_from)]
             if not state:
                 x = run(x, timestep(t_cur), timestep(t_next), dt)
             else:

@@ -230,18 +230,21 @@ class ImageDataset:
     # ------------------------------------------------------------------ buckets
     def _place(self):
         """Samples of every image at each resolution whose bucket it covers; returns the problems found."""
-        sets = {}
+        sets = {}   # the bucket settings -> their buckets (made once)
+
+        def bucket_set(c, r):
+            key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso, c.max_aspect, c.resolution_mode)
+            if key not in sets:
+                sets[key] = make_buckets(r, c.bucket_tolerance, max_aspect=c.max_aspect, min_side=c.min_bucket_reso,
+                                         max_side=c.max_bucket_reso, mode=c.resolution_mode)
+            return sets[key]
         too_small, partial = [], {}
         for ri, rec in enumerate(self.records):
             ci = self.record_config[ri]
             c = self.configs[ci]
             fitting = []
             for r in resolutions(c):
-                key = (r, c.bucket_tolerance, c.min_bucket_reso, c.max_bucket_reso, c.max_aspect, c.resolution_mode)
-                bs = sets.setdefault(key, make_buckets(r, c.bucket_tolerance, max_aspect=c.max_aspect,
-                                                       min_side=c.min_bucket_reso, max_side=c.max_bucket_reso,
-                                                       mode=c.resolution_mode))
-                b = closest_bucket(rec.width, rec.height, bs)
+                b = closest_bucket(rec.width, rec.height, bucket_set(c, r))
                 fits = c.allow_upscale or place(rec.width, rec.height, b).scale <= 1.0 + 1e-9
                 if fits:
                     fitting.append((r, b))
@@ -249,8 +252,7 @@ class ImageDataset:
                     partial.setdefault(r, []).append((rec, b))
             if not fitting:
                 r = resolutions(c)[0]
-                b = closest_bucket(rec.width, rec.height, sets[(r, c.bucket_tolerance, c.min_bucket_reso,
-                                                                c.max_bucket_reso, c.max_aspect, c.resolution_mode)])
+                b = closest_bucket(rec.width, rec.height, bucket_set(c, r))
                 too_small.append(f"{rec.path}: {rec.width}x{rec.height} is smaller than its {b} bucket at "
                                  f"resolution {r} (images are never upscaled unless allow_upscale: true, or "
                                  f"--allow-upscale; or use a smaller resolution)")

@@ -80,6 +80,19 @@ def true_cfg_of(options, sample):
     return sample.true_cfg
 
 
+def runs_true_cfg(sample):
+    """Whether a preview of a family that may run true CFG (Flux) does: a prompt's --l > 1 beside --g, or
+    sample.true_cfg > 1 for the prompts without one (and for a run without prompts). A prompt whose flags do not
+    read counts at sample.true_cfg (validation reports it)."""
+    opts = []
+    for text in sample.prompts or ():
+        try:
+            opts.append(parse(text) if isinstance(text, str) else None)
+        except PromptOptionError:
+            opts.append(None)
+    return any(true_cfg_of(o, sample) > 1 for o in opts or [None])
+
+
 def parse(prompt):
     """PromptOptions of a sample prompt; PromptOptionError for an unknown flag, a flag given twice or a value that
     does not read as its type."""

@@ -339,7 +339,7 @@ def validate(cfg, prefix="", check_files=True):
         except ValueError as err:
             e.append(str(err))
         for i, d in enumerate(cfg.datasets):
-            if getattr(d, "resolution_mode", "area") == "short_side" and d.max_aspect > 1:
+            if d.resolution_mode == "short_side" and d.max_aspect > 1:
                 e.append(f"{p}datasets[{i}].resolution_mode: short_side buckets hold up to max_aspect x "
                          f"resolution² pixels, more than the step that max_gpu_memory's auto-fit measures; use "
                          f"resolution_mode area (or max_aspect 1) under a budget")
